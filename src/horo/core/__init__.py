@@ -1,0 +1,37 @@
+"""Framework-free core of horo: runtime, MPI collectives, engine. Never imports a deep-learning framework."""
+
+from .async_ops import (
+    allgather_async, allreduce_async, allreduce_async_, alltoall_async, broadcast_async, broadcast_async_,
+    grouped_allreduce_async, grouped_allreduce_async_, poll, reducescatter_async, synchronize,
+)
+from .collectives import (
+    allgather, allgather_object, allreduce, allreduce_, alltoall, barrier, broadcast, broadcast_,
+    broadcast_object, grouped_allgather, grouped_allreduce, grouped_allreduce_, grouped_reducescatter, join,
+    reducescatter,
+)
+from .compression import Compression
+from .errors import HoroError, HoroInternalError, MismatchError, NotInitializedError, StallError
+from .ops import Adasum, Average, Max, Min, Product, ReduceOp, Sum
+from .process_sets import ProcessSet, add_process_set, global_process_set, remove_process_set
+from .runtime import (
+    ccl_built, cross_rank, cross_size, cuda_built, ddl_built, gloo_built, gloo_enabled, init, is_homogeneous,
+    is_initialized, local_rank, local_size, mpi_built, mpi_enabled, mpi_threads_supported, nccl_built, rank,
+    rocm_built, shutdown, size,
+)
+from .timeline import start_timeline, stop_timeline
+
+__all__ = [
+    "init", "shutdown", "is_initialized", "size", "rank", "local_size", "local_rank", "cross_size",
+    "cross_rank", "is_homogeneous", "mpi_threads_supported", "mpi_built", "mpi_enabled", "nccl_built",
+    "cuda_built", "gloo_built", "gloo_enabled", "rocm_built", "ddl_built", "ccl_built",
+    "allreduce", "allreduce_", "grouped_allreduce", "grouped_allreduce_", "allgather", "grouped_allgather",
+    "broadcast", "broadcast_", "alltoall", "reducescatter", "grouped_reducescatter", "barrier", "join",
+    "broadcast_object", "allgather_object",
+    "allreduce_async", "allreduce_async_", "grouped_allreduce_async", "grouped_allreduce_async_",
+    "allgather_async", "broadcast_async", "broadcast_async_", "alltoall_async", "reducescatter_async",
+    "poll", "synchronize",
+    "ReduceOp", "Average", "Sum", "Min", "Max", "Product", "Adasum", "Compression",
+    "ProcessSet", "add_process_set", "remove_process_set", "global_process_set",
+    "HoroError", "NotInitializedError", "MismatchError", "StallError", "HoroInternalError",
+    "start_timeline", "stop_timeline",
+]

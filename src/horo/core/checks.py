@@ -1,0 +1,100 @@
+"""Local argument checks shared by the synchronous and asynchronous APIs (no communication)."""
+
+from __future__ import annotations
+
+import numbers
+from typing import Any
+
+import numpy as np
+
+from .dtypes import as_host_array
+from .ops import Average, ReduceOp, Sum, resolve_op
+from .process_sets import ProcessSet
+
+__all__ = ["host", "name_arg", "scale_arg", "reduce_args", "root_arg", "splits_arg", "need_dim"]
+
+
+def host(tensor: Any, what: str, arg: str = "tensor") -> np.ndarray:
+    try:
+        return as_host_array(tensor, arg)
+    except TypeError as exc:
+        raise TypeError(f"{what}: {exc}") from None
+
+
+def name_arg(name: Any, what: str) -> str | None:
+    if name is None or isinstance(name, str):
+        return name
+    raise TypeError(f"{what}: name must be a string or None. Received: name={name!r}.")
+
+
+def scale_arg(value: Any, arg: str, what: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{what}: {arg} must be a real number. Received: {arg}={value!r}.")
+    return float(value)
+
+
+def reduce_args(arr: np.ndarray, op: Any, average: Any, prescale: Any, postscale: Any, what: str,
+                allowed: tuple[ReduceOp, ...] | None = None) -> tuple[ReduceOp, float, float]:
+    """Resolve and check op and scale factors against the dtype."""
+    rop = resolve_op(op, average)
+    if allowed is not None and rop not in allowed:
+        raise ValueError(
+            f"{what} supports only {', '.join(repr(a) for a in allowed)}. Received: op={rop!r}. "
+            "HINT: use horo.Sum or horo.Average."
+        )
+    pre = scale_arg(prescale, "prescale_factor", what)
+    post = scale_arg(postscale, "postscale_factor", what)
+    if arr.dtype == np.bool_ and rop is Average:
+        raise TypeError(
+            f"{what}: Average is not defined for bool. Received: op=horo.Average, tensor.dtype=bool. "
+            "HINT: use horo.Sum (logical or), horo.Min (logical and) or cast to a number."
+        )
+    if arr.dtype.kind in "iub" and (pre != 1.0 or post != 1.0):
+        raise ValueError(
+            f"{what}: scale factors need a floating dtype. Received: prescale_factor={pre}, "
+            f"postscale_factor={post}, tensor.dtype={arr.dtype}. HINT: cast to float first."
+        )
+    return rop, pre, post
+
+
+def root_arg(root_rank: Any, ps: ProcessSet, what: str) -> int:
+    """Return the root's index within the set's communicator (root_rank is a global rank)."""
+    if isinstance(root_rank, bool) or not isinstance(root_rank, numbers.Integral):
+        raise TypeError(f"{what}: root_rank must be an int. Received: root_rank={root_rank!r}.")
+    root = int(root_rank)
+    if root not in ps.ranks:
+        raise ValueError(
+            f"{what}: root_rank is not a rank of the process set. Received: root_rank={root}. "
+            f"HINT: valid roots are {ps.ranks if len(ps.ranks) <= 16 else f'0..{max(ps.ranks)}'}."
+        )
+    return ps.ranks.index(root)
+
+
+def need_dim(arr: np.ndarray, what: str) -> None:
+    if arr.ndim == 0:
+        raise ValueError(
+            f"{what} needs at least one dimension. Received: tensor.shape=(). HINT: reshape to (1,)."
+        )
+
+
+def splits_arg(splits: Any, arr: np.ndarray, n: int, what: str) -> np.ndarray:
+    dim0 = arr.shape[0]
+    if splits is None:
+        if dim0 % n:
+            raise ValueError(
+                f"{what}: without splits, dim 0 must divide evenly by the set size {n}. Received: "
+                f"tensor.shape={arr.shape}. HINT: pass splits=[rows for rank 0, rows for rank 1, ...]."
+            )
+        return np.full(n, dim0 // n, dtype=np.int64)
+    try:
+        s = np.asarray(as_host_array(splits, "splits") if hasattr(splits, "__dlpack__") else splits)
+    except TypeError:
+        s = np.asarray(splits)
+    if s.dtype.kind not in "iu" or s.ndim != 1:
+        raise TypeError(f"{what}: splits must be a 1-D sequence of ints. Received: splits={splits!r}.")
+    if s.shape[0] != n or (s < 0).any() or int(s.sum()) != dim0:
+        raise ValueError(
+            f"{what}: splits must have one non-negative entry per rank ({n}) summing to dim 0 ({dim0}). "
+            f"Received: splits={s.tolist()}."
+        )
+    return s.astype(np.int64)

@@ -1,0 +1,281 @@
+"""Synchronous collectives on host arrays (Horovod's names, arguments and semantics).
+
+Each call checks its arguments locally, agrees with the other ranks of the process set (see
+negotiation), then moves data on the caller's thread: no background hop, so small ops cost about one
+tiny allgather more than raw MPI.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from . import mpi_ops
+from .checks import host, name_arg, need_dim, reduce_args, root_arg, splits_arg
+from .errors import MismatchError
+from .negotiation import JOIN, Signature, agree, exchange, format_mismatch, joinable
+from .ops import Average, ReduceOp, Sum
+from .process_sets import ProcessSet, resolve
+
+__all__ = [
+    "allreduce", "allreduce_", "grouped_allreduce", "grouped_allreduce_", "allgather", "grouped_allgather",
+    "broadcast", "broadcast_", "alltoall", "reducescatter", "grouped_reducescatter", "barrier", "join",
+    "broadcast_object", "allgather_object", "allreduce_sig", "grouped_sig", "reduce_group",
+]
+
+
+def allreduce_sig(arr: np.ndarray, name: str | None, op: ReduceOp, pre: float, post: float) -> Signature:
+    return (("collective", "allreduce"), ("name", name), ("dtype", str(arr.dtype)), ("shape", arr.shape),
+            ("op", op.value), ("prescale_factor", pre), ("postscale_factor", post))
+
+
+def grouped_sig(arrs: Sequence[np.ndarray], name: str | None, op: ReduceOp, pre: float,
+                post: float) -> Signature:
+    return (("collective", "grouped_allreduce"), ("name", name),
+            ("dtypes", tuple(str(a.dtype) for a in arrs)), ("shapes", tuple(a.shape for a in arrs)),
+            ("op", op.value), ("prescale_factor", pre), ("postscale_factor", post))
+
+
+def allreduce(tensor: Any, average: bool | None = None, name: str | None = None, op: Any = None,
+              prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+              process_set: ProcessSet | None = None) -> np.ndarray:
+    """Reduce ``tensor`` over all ranks of the set; returns a new array (the input is not modified)."""
+    what = "horo.allreduce"
+    ps = resolve(process_set, what)
+    arr = host(tensor, what)
+    rop, pre, post = reduce_args(arr, op, average, prescale_factor, postscale_factor, what)
+    agree(ps.comm, allreduce_sig(arr, name_arg(name, what), rop, pre, post), ranks=ps.ranks)
+    send = np.ascontiguousarray(arr)
+    return mpi_ops.allreduce_into(ps.comm, send, np.empty_like(send), rop, pre, post)
+
+
+def allreduce_(tensor: np.ndarray, average: bool | None = None, name: str | None = None, op: Any = None,
+               prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+               process_set: ProcessSet | None = None) -> np.ndarray:
+    """In-place allreduce: ``tensor`` holds the result; returns it."""
+    what = "horo.allreduce_"
+    ps = resolve(process_set, what)
+    arr = _writable(tensor, what)
+    rop, pre, post = reduce_args(arr, op, average, prescale_factor, postscale_factor, what)
+    agree(ps.comm, allreduce_sig(arr, name_arg(name, what), rop, pre, post), ranks=ps.ranks)
+    buf = arr if arr.flags.c_contiguous else np.ascontiguousarray(arr)
+    mpi_ops.allreduce_into(ps.comm, buf, buf, rop, pre, post)
+    if buf is not arr:
+        arr[...] = buf
+    return arr
+
+
+def _writable(tensor: Any, what: str) -> np.ndarray:
+    arr = host(tensor, what)
+    if not arr.flags.writeable:
+        raise ValueError(
+            f"{what} writes into its input, which is read-only. Received: tensor of type "
+            f"{type(tensor).__name__}. HINT: use the out-of-place form (without the trailing underscore)."
+        )
+    return arr
+
+
+def reduce_group(comm: Any, arrs: Sequence[np.ndarray], op: ReduceOp, pre: float, post: float) -> list[np.ndarray]:
+    """Reduce several arrays with one MPI call per dtype; returns new arrays (views of fused buffers)."""
+    outs: list[np.ndarray | None] = [None] * len(arrs)
+    by_dtype: dict[np.dtype, list[int]] = {}
+    for i, a in enumerate(arrs):
+        by_dtype.setdefault(a.dtype, []).append(i)
+    for dtype, idx in by_dtype.items():
+        total = sum(arrs[i].size for i in idx)
+        buf = np.empty(total, dtype=dtype)
+        offsets = []
+        off = 0
+        for i in idx:
+            n = arrs[i].size
+            buf[off:off + n] = arrs[i].reshape(-1)
+            offsets.append(off)
+            off += n
+        mpi_ops.allreduce_into(comm, buf, buf, op, pre, post)
+        for i, off in zip(idx, offsets):
+            outs[i] = buf[off:off + arrs[i].size].reshape(arrs[i].shape)
+    return outs  # type: ignore[return-value]
+
+
+def _grouped(tensors: Sequence[Any], what: str, writable: bool) -> list[np.ndarray]:
+    if not isinstance(tensors, (list, tuple)):
+        raise TypeError(f"{what} takes a list of tensors. Received: tensors of type {type(tensors).__name__}.")
+    return [(_writable(t, what) if writable else host(t, what, f"tensors[{i}]")) for i, t in enumerate(tensors)]
+
+
+def grouped_allreduce(tensors: Sequence[Any], average: bool | None = None, name: str | None = None,
+                      op: Any = None, prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+                      process_set: ProcessSet | None = None) -> list[np.ndarray]:
+    """Allreduce a list of arrays in one fused exchange per dtype; returns new arrays."""
+    what = "horo.grouped_allreduce"
+    ps = resolve(process_set, what)
+    arrs = _grouped(tensors, what, writable=False)
+    if not arrs:
+        return []
+    rop, pre, post = zip(*(reduce_args(a, op, average, prescale_factor, postscale_factor, what) for a in arrs))
+    agree(ps.comm, grouped_sig(arrs, name_arg(name, what), rop[0], pre[0], post[0]), ranks=ps.ranks)
+    return reduce_group(ps.comm, arrs, rop[0], pre[0], post[0])
+
+
+def grouped_allreduce_(tensors: Sequence[np.ndarray], average: bool | None = None, name: str | None = None,
+                       op: Any = None, prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+                       process_set: ProcessSet | None = None) -> list[np.ndarray]:
+    """In-place grouped allreduce; returns the input arrays, now holding the results."""
+    arrs = _grouped(tensors, "horo.grouped_allreduce_", writable=True)
+    outs = grouped_allreduce(arrs, average, name, op, prescale_factor, postscale_factor, process_set)
+    for a, o in zip(arrs, outs):
+        a[...] = o
+    return arrs
+
+
+def allgather(tensor: Any, name: str | None = None, process_set: ProcessSet | None = None) -> np.ndarray:
+    """Concatenate every rank's ``tensor`` along dim 0 (dim 0 may differ between ranks)."""
+    what = "horo.allgather"
+    ps = resolve(process_set, what)
+    arr = host(tensor, what)
+    need_dim(arr, what)
+    sig = (("collective", "allgather"), ("name", name_arg(name, what)), ("dtype", str(arr.dtype)),
+           ("shape[1:]", arr.shape[1:]))
+    counts = agree(ps.comm, sig, payload=arr.shape[0], ranks=ps.ranks)
+    return mpi_ops.allgather(ps.comm, np.ascontiguousarray(arr), counts)
+
+
+def grouped_allgather(tensors: Sequence[Any], name: str | None = None,
+                      process_set: ProcessSet | None = None) -> list[np.ndarray]:
+    return [allgather(t, name=None if name is None else f"{name}.{i}", process_set=process_set)
+            for i, t in enumerate(_grouped(tensors, "horo.grouped_allgather", writable=False))]
+
+
+def _broadcast_sig(arr: np.ndarray, root: int, name: str | None) -> Signature:
+    return (("collective", "broadcast"), ("name", name), ("dtype", str(arr.dtype)), ("shape", arr.shape),
+            ("root_rank", root))
+
+
+def broadcast(tensor: Any, root_rank: int, name: str | None = None,
+              process_set: ProcessSet | None = None) -> np.ndarray:
+    """Return root_rank's ``tensor`` on every rank (a new array; root_rank is a global rank)."""
+    what = "horo.broadcast"
+    ps = resolve(process_set, what)
+    arr = host(tensor, what)
+    root = root_arg(root_rank, ps, what)
+    agree(ps.comm, _broadcast_sig(arr, int(root_rank), name_arg(name, what)), ranks=ps.ranks)
+    out = np.array(arr, order="C", copy=True) if ps.comm.Get_rank() == root else np.empty(arr.shape, arr.dtype)
+    return mpi_ops.broadcast_into(ps.comm, out, root)
+
+
+def broadcast_(tensor: np.ndarray, root_rank: int, name: str | None = None,
+               process_set: ProcessSet | None = None) -> np.ndarray:
+    """In-place broadcast into ``tensor``; returns it."""
+    what = "horo.broadcast_"
+    ps = resolve(process_set, what)
+    arr = _writable(tensor, what)
+    root = root_arg(root_rank, ps, what)
+    agree(ps.comm, _broadcast_sig(arr, int(root_rank), name_arg(name, what)), ranks=ps.ranks)
+    buf = arr if arr.flags.c_contiguous else np.ascontiguousarray(arr)
+    mpi_ops.broadcast_into(ps.comm, buf, root)
+    if buf is not arr:
+        arr[...] = buf
+    return arr
+
+
+def alltoall(tensor: Any, splits: Any = None, name: str | None = None,
+             process_set: ProcessSet | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Send ``splits[r]`` rows to rank r; returns (received rows, received splits)."""
+    what = "horo.alltoall"
+    ps = resolve(process_set, what)
+    arr = host(tensor, what)
+    need_dim(arr, what)
+    s = splits_arg(splits, arr, ps.size(), what)
+    sig = (("collective", "alltoall"), ("name", name_arg(name, what)), ("dtype", str(arr.dtype)),
+           ("shape[1:]", arr.shape[1:]))
+    agree(ps.comm, sig, ranks=ps.ranks)
+    return mpi_ops.alltoall(ps.comm, np.ascontiguousarray(arr), s)
+
+
+def reducescatter(tensor: Any, op: Any = Average, name: str | None = None,
+                  process_set: ProcessSet | None = None, prescale_factor: float = 1.0,
+                  postscale_factor: float = 1.0) -> np.ndarray:
+    """Reduce over the set, then give rank r its slice of dim 0 (the first dim0 % size ranks get one more row)."""
+    what = "horo.reducescatter"
+    ps = resolve(process_set, what)
+    arr = host(tensor, what)
+    need_dim(arr, what)
+    rop, pre, post = reduce_args(arr, op, None, prescale_factor, postscale_factor, what, allowed=(Sum, Average))
+    sig = (("collective", "reducescatter"), ("name", name_arg(name, what)), ("dtype", str(arr.dtype)),
+           ("shape", arr.shape), ("op", rop.value), ("prescale_factor", pre), ("postscale_factor", post))
+    agree(ps.comm, sig, ranks=ps.ranks)
+    return mpi_ops.reducescatter(ps.comm, np.ascontiguousarray(arr), rop, pre, post)
+
+
+def grouped_reducescatter(tensors: Sequence[Any], op: Any = Average, name: str | None = None,
+                          process_set: ProcessSet | None = None, prescale_factor: float = 1.0,
+                          postscale_factor: float = 1.0) -> list[np.ndarray]:
+    return [reducescatter(t, op, None if name is None else f"{name}.{i}", process_set, prescale_factor,
+                          postscale_factor)
+            for i, t in enumerate(_grouped(tensors, "horo.grouped_reducescatter", writable=False))]
+
+
+def barrier(process_set: ProcessSet | None = None) -> None:
+    """Block until every rank of the set reaches the barrier (the agreement step is the barrier)."""
+    ps = resolve(process_set, "horo.barrier")
+    agree(ps.comm, (("collective", "barrier"),), ranks=ps.ranks)
+
+
+def join() -> int:
+    """Leave training early: contribute zeros to the other ranks' allreduces until all ranks have joined.
+
+    Returns:
+        The rank that joined last.
+    """
+    ps = resolve(None, "horo.join")
+    fresh = 1
+    while True:
+        payloads, sigs = exchange(ps.comm, JOIN, payload=fresh)
+        fresh = 0
+        if sigs is None:
+            late = [r for r in range(ps.size()) if payloads[r] == 1]
+            return ps.ranks[max(late)] if late else ps.ranks[-1]
+        active = [s for s in sigs if s != JOIN]
+        if not (all(s == active[0] for s in active) and joinable(active[0])):
+            raise MismatchError(format_mismatch(sigs, ps.ranks))
+        _contribute_zeros(ps.comm, dict(active[0]))
+
+
+def _contribute_zeros(comm: Any, fields: dict[str, Any]) -> None:
+    op = ReduceOp(fields["op"])
+    pre, post = fields["prescale_factor"], fields["postscale_factor"]
+    if fields["collective"] == "allreduce":
+        zeros = np.zeros(fields["shape"], dtype=_dtype(fields["dtype"]))
+        mpi_ops.allreduce_into(comm, zeros, zeros, op, pre, post)
+    else:
+        arrs = [np.zeros(s, dtype=_dtype(d)) for s, d in zip(fields["shapes"], fields["dtypes"])]
+        reduce_group(comm, arrs, op, pre, post)
+
+
+def _dtype(name: str) -> np.dtype:
+    if name == "bfloat16":
+        from .dtypes import BFLOAT16
+
+        return BFLOAT16  # type: ignore[return-value]
+    return np.dtype(name)
+
+
+def broadcast_object(obj: Any, root_rank: int = 0, name: str | None = None,
+                     process_set: ProcessSet | None = None) -> Any:
+    """Return root_rank's picklable ``obj`` on every rank."""
+    what = "horo.broadcast_object"
+    ps = resolve(process_set, what)
+    root = root_arg(root_rank, ps, what)
+    agree(ps.comm, (("collective", "broadcast_object"), ("name", name_arg(name, what)),
+                    ("root_rank", int(root_rank))), ranks=ps.ranks)
+    return ps.comm.bcast(obj if ps.comm.Get_rank() == root else None, root=root)
+
+
+def allgather_object(obj: Any, name: str | None = None, process_set: ProcessSet | None = None) -> list[Any]:
+    """Return the list of every rank's picklable ``obj``, in rank order."""
+    what = "horo.allgather_object"
+    ps = resolve(process_set, what)
+    agree(ps.comm, (("collective", "allgather_object"), ("name", name_arg(name, what))), ranks=ps.ranks)
+    return ps.comm.allgather(obj)

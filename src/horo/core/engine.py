@@ -1,0 +1,410 @@
+"""Background engine for asynchronous, named collectives (one per process set).
+
+Design (see docs/design-engine.md): frameworks submit named tensors from their own threads in their own
+order. Each rank's engine thread repeatedly joins a *round*: a non-blocking allgather of a fixed-size
+header holding flags and a bit vector of the cached names this rank has pending. Names seen for the first
+time (or whose signature changed) travel once in full, in a pickled allgather; after they have run once,
+every rank assigns them the same cache bit (Horovod's response cache), so a steady-state step costs one
+tiny allgather. A name is ready when every rank reports it; ready names run in cache-bit order, which is
+the same on every rank whatever order they were submitted in. Consecutive ready allreduces of one dtype,
+op and scale are packed into a reused fusion buffer up to ``HORO_FUSION_THRESHOLD`` bytes.
+
+Idle engines keep ticking every ``HORO_CYCLE_TIME`` ms, so a rank that never submits a tensor is still
+seen: that is what lets the stall inspector name it.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import sys
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from . import mpi_ops
+from .errors import HoroError, HoroInternalError, MismatchError, StallError
+from .negotiation import Signature, format_mismatch
+from .ops import ReduceOp
+from .timeline import timeline
+
+__all__ = ["Engine", "Request", "submit", "poll", "synchronize", "auto_name"]
+
+_SHUTDOWN, _UNCACHED, _STALLED = 1, 2, 4
+_HDR = 1
+_AUTO = ".noname."
+
+
+def _env_float(name: str, default: float) -> float:
+    try:
+        return float(os.environ.get(name, default))
+    except ValueError:
+        raise ValueError(f"Environment variable {name} must be a number. Received: {name}={os.environ[name]!r}.") from None
+
+
+class Request:
+    """One submitted collective; ``run`` executes it on the engine communicator."""
+
+    __slots__ = ("name", "sig", "run", "fuse_key", "send", "out", "op", "pre", "post", "done", "result",
+                 "error", "t_submit", "handle", "engine")
+
+    def __init__(self, name: str, sig: Signature, run: Callable[[Any], Any] | None = None, *,
+                 send: np.ndarray | None = None, out: np.ndarray | None = None, op: ReduceOp | None = None,
+                 pre: float = 1.0, post: float = 1.0) -> None:
+        self.name, self.sig, self.run = name, sig, run
+        self.send, self.out, self.op, self.pre, self.post = send, out, op, pre, post
+        self.fuse_key = (send.dtype, op, pre, post) if send is not None else None
+        self.done = threading.Event()
+        self.result: Any = None
+        self.error: BaseException | None = None
+        self.t_submit = timeline.now_us()
+        self.handle = 0
+        self.engine: Engine | None = None
+
+    def finish(self, result: Any = None, error: BaseException | None = None) -> None:
+        self.result, self.error = result, error
+        self.done.set()
+
+
+class Engine:
+    """The per-process-set background thread; see the module docstring."""
+
+    def __init__(self, comm: Any, ranks: list[int]) -> None:
+        self.comm = comm
+        self.ranks = ranks
+        self.n = comm.Get_size()
+        self.me = comm.Get_rank()
+        self.cv = threading.Condition()
+        self.pending: dict[str, Request] = {}
+        self.cache: dict[str, int] = {}
+        self.cache_sigs: list[Signature] = []
+        self.cache_names: list[str] = []
+        self.capacity = int(_env_float("HORO_CACHE_CAPACITY", 1024))
+        self.threshold = int(_env_float("HORO_FUSION_THRESHOLD", 8 * 1024 * 1024))
+        self.idle_s = _env_float("HORO_CYCLE_TIME", 2.0) / 1000.0
+        self.stall_check_s = _env_float("HORO_STALL_CHECK_TIME_SECONDS", 60.0)
+        self.stall_shutdown_s = _env_float("HORO_STALL_SHUTDOWN_TIME_SECONDS", 0.0)
+        self.first_seen: dict[str, float] = {}
+        self.first_round: dict[str, dict[int, int]] = {}
+        self.warned: set[str] = set()
+        self.stall_flag = False
+        self.round_no = 0
+        self.shutdown_requested = False
+        self.error: BaseException | None = None
+        self._fusion: dict[np.dtype, np.ndarray] = {}
+        self.thread = threading.Thread(target=self._main, name=f"horo-engine-{ranks[:4]}", daemon=True)
+        self.thread.start()
+
+    # ---- user side -------------------------------------------------------------------------------
+    def submit(self, req: Request) -> None:
+        with self.cv:
+            if self.error is not None:
+                raise self.error
+            if self.shutdown_requested or not self.thread.is_alive():
+                raise HoroError("horo is shutting down: no new collectives can be submitted. "
+                                "HINT: submit everything before horo.shutdown().")
+            if req.name in self.pending:
+                raise ValueError(
+                    f"A collective named {req.name!r} is already in flight on this rank. Received: "
+                    f"name={req.name!r}. HINT: names must be unique until synchronize() returns; "
+                    "synchronize the earlier handle first or pick another name."
+                )
+            req.engine = self
+            self.pending[req.name] = req
+            self.cv.notify()
+
+    def stop(self) -> None:
+        """Agree with the other ranks to stop; waits until all of them have asked for it."""
+        with self.cv:
+            self.shutdown_requested = True
+            self.cv.notify()
+        while self.thread.is_alive():
+            self.thread.join(0.5)
+
+    # ---- engine thread ---------------------------------------------------------------------------
+    def _main(self) -> None:
+        try:
+            while not self._round():
+                pass
+        except BaseException as exc:  # noqa: BLE001 - any failure must reach the waiting callers
+            err = exc if isinstance(exc, HoroError) else HoroInternalError(
+                f"horo's background engine failed: {type(exc).__name__}: {exc}")
+            if isinstance(err, StallError):
+                from .state import state
+
+                state.fatal = err  # every later horo call on this rank raises it too
+            self._fail_all(err)
+
+    def _fail_all(self, err: BaseException) -> None:
+        with self.cv:
+            self.error = err
+            reqs = list(self.pending.values())
+            self.pending.clear()
+        for r in reqs:
+            r.finish(error=err)
+
+    def _wait(self, mpi_req: Any, busy: bool) -> None:
+        delay = 2e-5
+        cap = 1e-3 if busy else self.idle_s
+        while not mpi_req.Test():
+            time.sleep(delay)
+            delay = min(delay * 2, cap)
+
+    def _round(self) -> bool:
+        with self.cv:
+            if not self.pending and not self.shutdown_requested:
+                self.cv.wait(timeout=self.idle_s)
+            snapshot = list(self.pending.values())
+            shutting = self.shutdown_requested
+        self.round_no += 1
+        words = (len(self.cache_sigs) + 63) // 64
+        hdr = np.zeros(_HDR + words, dtype=np.int64)
+        bits = np.zeros(words * 64, dtype=np.uint8)
+        uncached: list[tuple[str, Signature]] = []
+        for req in snapshot:
+            bit = self.cache.get(req.name)
+            if bit is not None and self.cache_sigs[bit] == req.sig:
+                bits[bit] = 1
+            else:
+                uncached.append((req.name, req.sig))
+        if words:
+            hdr[_HDR:] = np.packbits(bits, bitorder="little").view(np.int64)
+        hdr[0] = (_SHUTDOWN if shutting else 0) | (_UNCACHED if uncached else 0) | (_STALLED if self.stall_flag else 0)
+        recv = np.empty((self.n, _HDR + words), dtype=np.int64)
+        self._wait(self.comm.Iallgather(hdr, recv), busy=bool(snapshot))
+        flags = recv[:, 0]
+        gathered = self.comm.allgather(uncached) if (flags & _UNCACHED).any() else None
+        if (flags & _STALLED).any():
+            raise StallError(self._stall_message(stopping=True))
+        ready, mismatched, partial = self._match(recv[:, _HDR:], gathered)
+        for name, sigs in mismatched:
+            req = self.pending.get(name)
+            if req is not None:
+                with self.cv:
+                    self.pending.pop(name, None)
+                req.finish(error=MismatchError(format_mismatch(sigs, self.ranks)))
+        if ready:
+            self._execute(ready)
+        self._inspect(partial, ready)
+        if (flags & _SHUTDOWN).all() and not ready:
+            if self.pending:
+                self._fail_all(HoroError(
+                    "horo was shut down while collectives were still pending: "
+                    f"{sorted(self.pending)[:8]} were never submitted by every rank."))
+            return True
+        return False
+
+    def _match(self, words: np.ndarray, gathered: list[list[tuple[str, Signature]]] | None
+               ) -> tuple[list[str], list[tuple[str, list[Signature]]], dict[str, set[int]]]:
+        """Decide, identically on every rank, what runs now, what mismatched, what is still waiting."""
+        ready_bits: list[int] = []
+        partial: dict[str, set[int]] = {}
+        holders: dict[int, set[int]] = {}
+        if words.shape[1]:
+            per_rank = np.unpackbits(words.view(np.uint8), axis=1, bitorder="little")
+            counts = per_rank.sum(axis=0)
+            for bit in np.nonzero(counts)[0].tolist():
+                holders[bit] = set(np.nonzero(per_rank[:, bit])[0].tolist())
+                if counts[bit] == self.n:
+                    ready_bits.append(bit)
+        reports: dict[str, dict[int, Signature]] = {}
+        for r, lst in enumerate(gathered or ()):
+            for name, sig in lst:
+                reports.setdefault(name, {})[r] = sig
+        fresh: list[str] = []
+        mismatched: list[tuple[str, list[Signature]]] = []
+        for name in sorted(reports):
+            sigs = dict(reports[name])
+            bit = self.cache.get(name)
+            if bit is not None:
+                for r in holders.pop(bit, ()):
+                    sigs.setdefault(r, self.cache_sigs[bit])
+                if bit in ready_bits:
+                    ready_bits.remove(bit)
+            if len(sigs) < self.n:
+                partial[name] = set(sigs)
+                continue
+            ordered = [sigs[r] for r in range(self.n)]
+            if any(s != ordered[0] for s in ordered):
+                mismatched.append((name, ordered))
+                continue
+            fresh.append(name)
+            if bit is not None:
+                self.cache_sigs[bit] = ordered[0]
+            elif _AUTO not in name and len(self.cache_sigs) < self.capacity:
+                self.cache[name] = len(self.cache_sigs)
+                self.cache_sigs.append(ordered[0])
+                self.cache_names.append(name)
+        for bit, who in holders.items():
+            if bit not in ready_bits:
+                partial[self.cache_names[bit]] = who
+        order = sorted(ready_bits + [self.cache[n] for n in fresh if n in self.cache])
+        ready = [self.cache_names[b] for b in order] + sorted(n for n in fresh if n not in self.cache)
+        return ready, mismatched, partial
+
+    def _take(self, names: list[str]) -> list[Request]:
+        with self.cv:
+            return [self.pending.pop(n) for n in names]
+
+    def _execute(self, names: list[str]) -> None:
+        reqs = self._take(names)
+        t_ready = timeline.now_us()
+        batch: list[Request] = []
+        batch_bytes = 0
+        for req in reqs:
+            if timeline.active:
+                late = self._late_ranks(req.name)
+                timeline.span(req.name, "NEGOTIATE", req.t_submit, t_ready, **({"late_ranks": late} if late else {}))
+            if req.fuse_key is not None and req.send.nbytes < self.threshold:
+                if batch and (batch[0].fuse_key != req.fuse_key or batch_bytes + req.send.nbytes > self.threshold):
+                    self._run_batch(batch)
+                    batch, batch_bytes = [], 0
+                batch.append(req)
+                batch_bytes += req.send.nbytes
+                continue
+            if batch:
+                self._run_batch(batch)
+                batch, batch_bytes = [], 0
+            self._run_one(req)
+        if batch:
+            self._run_batch(batch)
+        timeline.flush()
+
+    def _late_ranks(self, name: str) -> list[int]:
+        seen = self.first_round.pop(name, None)
+        # Ranks recorded here were waiting; the others submitted only in the round that made it ready.
+        return [self.ranks[r] for r in range(self.n) if r not in seen] if seen else []
+
+    def _run_one(self, req: Request) -> None:
+        t0 = timeline.now_us()
+        try:
+            if req.run is not None:
+                result = req.run(self.comm)
+            else:
+                result = mpi_ops.allreduce_into(self.comm, req.send, req.out, req.op, req.pre, req.post)
+        except (HoroError, ValueError, TypeError) as exc:
+            req.finish(error=exc)
+            return
+        timeline.span(req.name, dict(req.sig).get("collective", "op").upper(), t0, timeline.now_us())
+        req.finish(result)
+
+    def _run_batch(self, batch: list[Request]) -> None:
+        if len(batch) == 1:
+            self._run_one(batch[0])
+            return
+        first = batch[0]
+        total = sum(r.send.size for r in batch)
+        buf = self._fusion.get(first.send.dtype)
+        if buf is None or buf.size < total:
+            buf = self._fusion[first.send.dtype] = np.empty(max(total, self.threshold // first.send.itemsize),
+                                                             dtype=first.send.dtype)
+        t0 = timeline.now_us()
+        off = 0
+        for r in batch:
+            buf[off:off + r.send.size] = r.send.reshape(-1)
+            off += r.send.size
+        t1 = timeline.now_us()
+        view = buf[:total]
+        mpi_ops.allreduce_into(self.comm, view, view, first.op, first.pre, first.post)
+        t2 = timeline.now_us()
+        off = 0
+        for r in batch:
+            r.out.reshape(-1)[...] = view[off:off + r.send.size]
+            off += r.send.size
+        t3 = timeline.now_us()
+        for r in batch:
+            if timeline.active:
+                timeline.span(r.name, "MEMCPY_IN_FUSION_BUFFER", t0, t1)
+                timeline.span(r.name, "ALLREDUCE", t1, t2, fused=len(batch))
+                timeline.span(r.name, "MEMCPY_OUT_FUSION_BUFFER", t2, t3)
+            r.finish(r.out)
+
+    # ---- stall inspector -------------------------------------------------------------------------
+    def _inspect(self, partial: dict[str, set[int]], ran: list[str]) -> None:
+        for name in ran:
+            self.first_seen.pop(name, None)
+            self.warned.discard(name)
+        now = time.monotonic()
+        for name in list(self.first_seen):
+            if name not in partial:
+                del self.first_seen[name]
+        for name, present in partial.items():
+            seen = self.first_round.setdefault(name, {})
+            for r in present:
+                seen.setdefault(r, self.round_no)
+            age = now - self.first_seen.setdefault(name, now)
+            if age >= self.stall_check_s and name not in self.warned:
+                self.warned.add(name)
+                if self.me == 0:
+                    missing = [self.ranks[r] for r in range(self.n) if r not in present]
+                    sys.stderr.write(
+                        f"horo: stall: ranks {missing} have not submitted {name!r} for {age:.1f} s while ranks "
+                        f"{[self.ranks[r] for r in sorted(present)]} are waiting for it. HINT: make every rank "
+                        "submit the same named collectives (check conditional code paths and uneven data; "
+                        "see horo.join()).\n")
+                    sys.stderr.flush()
+            if self.stall_shutdown_s > 0 and age >= self.stall_shutdown_s:
+                self.stall_flag = True
+        self._partial = partial
+
+    def _stall_message(self, stopping: bool) -> str:
+        partial = getattr(self, "_partial", {})
+        parts = [f"{name!r} (missing on ranks {[self.ranks[r] for r in range(self.n) if r not in who]})"
+                 for name, who in sorted(partial.items())[:8]]
+        return ("horo: stall shutdown: collectives were submitted by some ranks but not by others for more than "
+                f"HORO_STALL_SHUTDOWN_TIME_SECONDS={self.stall_shutdown_s:g}: {', '.join(parts) or '?'}. "
+                "HINT: every rank must submit the same named collectives.")
+
+
+# ---- handles -------------------------------------------------------------------------------------
+_handles: dict[int, Request] = {}
+_handle_ids = itertools.count(1)
+_auto_ids: dict[str, itertools.count] = {}
+_handles_lock = threading.Lock()
+
+
+def auto_name(kind: str) -> str:
+    """Horovod-style name for an unnamed op; ranks must submit unnamed ops in the same order."""
+    with _handles_lock:
+        counter = _auto_ids.setdefault(kind, itertools.count())
+        return f"{kind}{_AUTO}{next(counter)}"
+
+
+def submit(engine: Engine, req: Request) -> int:
+    engine.submit(req)
+    with _handles_lock:
+        req.handle = next(_handle_ids)
+        _handles[req.handle] = req
+    return req.handle
+
+
+def _get(handle: Any) -> Request:
+    req = _handles.get(handle) if isinstance(handle, int) else None
+    if req is None:
+        raise ValueError(
+            f"Unknown or already synchronized handle. Received: handle={handle!r}. HINT: each handle from an "
+            "*_async call can be synchronized once."
+        )
+    return req
+
+
+def poll(handle: int) -> bool:
+    """True when the async op behind ``handle`` has finished (synchronize() will not block)."""
+    return _get(handle).done.is_set()
+
+
+def synchronize(handle: int) -> Any:
+    """Wait for the async op behind ``handle`` and return its result (raising its error, if any)."""
+    req = _get(handle)
+    while not req.done.wait(0.5):
+        eng = req.engine
+        if eng is not None and not eng.thread.is_alive() and not req.done.is_set():
+            req.finish(error=eng.error or HoroInternalError("horo's engine stopped before this op ran."))
+    with _handles_lock:
+        _handles.pop(handle, None)
+    if req.error is not None:
+        raise req.error
+    return req.result

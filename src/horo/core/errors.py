@@ -1,0 +1,34 @@
+"""The one exception hierarchy of horo."""
+
+from __future__ import annotations
+
+__all__ = [
+    "HoroError",
+    "NotInitializedError",
+    "MismatchError",
+    "StallError",
+    "HoroInternalError",
+]
+
+
+class HoroError(RuntimeError):
+    """Base class of every error horo raises itself (bad arguments raise TypeError/ValueError)."""
+
+
+class NotInitializedError(HoroError):
+    """horo was used before ``horo.init()`` (or after ``horo.shutdown()``)."""
+
+
+class MismatchError(HoroError):
+    """Ranks of a process set called a collective with different arguments.
+
+    Raised on every rank of the set, naming each rank's value, instead of deadlocking.
+    """
+
+
+class StallError(HoroError):
+    """Some ranks submitted a tensor that others never did within the stall shutdown time."""
+
+
+class HoroInternalError(HoroError):
+    """The communication layer failed; the job (or elastic state) must be restarted."""

@@ -1,0 +1,133 @@
+"""Data movement over an MPI communicator, on contiguous host arrays.
+
+These functions assume their arguments were already validated locally and agreed across ranks; they are
+shared by the direct (synchronous) path and the engine's background thread.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+from mpi4py import MPI
+
+from .dtypes import needs_upcast
+from .ops import Average, Max, Min, Product, ReduceOp, Sum
+
+__all__ = ["allreduce_into", "allgather", "broadcast_into", "alltoall", "reducescatter", "scatter_counts"]
+
+_MPI_OPS = {Sum: MPI.SUM, Average: MPI.SUM, Min: MPI.MIN, Max: MPI.MAX, Product: MPI.PROD}
+_BOOL_OPS = {Sum: MPI.LOR, Max: MPI.LOR, Min: MPI.LAND, Product: MPI.LAND}
+
+
+def _mpi_op(op: ReduceOp, dtype: np.dtype) -> Any:
+    return _BOOL_OPS[op] if dtype == np.bool_ else _MPI_OPS[op]
+
+
+# Predefined datatypes only: MPI reductions are undefined on derived ones.
+_DATATYPES: dict[np.dtype, Any] = {
+    np.dtype(np.int8): MPI.INT8_T, np.dtype(np.uint8): MPI.UINT8_T, np.dtype(np.int16): MPI.INT16_T,
+    np.dtype(np.uint16): MPI.UINT16_T, np.dtype(np.int32): MPI.INT32_T, np.dtype(np.uint32): MPI.UINT32_T,
+    np.dtype(np.int64): MPI.INT64_T, np.dtype(np.uint64): MPI.UINT64_T, np.dtype(np.float32): MPI.FLOAT,
+    np.dtype(np.float64): MPI.DOUBLE, np.dtype(np.bool_): MPI.C_BOOL,
+}
+
+
+def _typed(arr: np.ndarray) -> list[Any]:
+    return [arr, _DATATYPES[arr.dtype]]
+
+
+def _finish(buf: np.ndarray, op: ReduceOp, size: int, postscale: float) -> None:
+    """Average and post-scale a reduced buffer in place."""
+    if op is Average:
+        if buf.dtype.kind == "f":
+            np.divide(buf, size, out=buf)
+        else:
+            np.floor_divide(buf, size, out=buf)
+    if postscale != 1.0:
+        np.multiply(buf, postscale, out=buf, casting="unsafe")
+
+
+def allreduce_into(comm: Any, send: np.ndarray, out: np.ndarray, op: ReduceOp,
+                   prescale: float = 1.0, postscale: float = 1.0) -> np.ndarray:
+    """Reduce ``send`` across ``comm`` into ``out`` (both C-contiguous, same shape; may be the same array)."""
+    size = comm.Get_size()
+    if needs_upcast(send.dtype):
+        work = send.astype(np.float32)
+        if prescale != 1.0:
+            work *= prescale
+        comm.Allreduce(MPI.IN_PLACE, work, op=_MPI_OPS[op])
+        _finish(work, op, size, postscale)
+        out[...] = work.astype(out.dtype)
+        return out
+    if prescale != 1.0:
+        if out is send:
+            np.multiply(out, prescale, out=out, casting="unsafe")
+        else:
+            np.multiply(send, prescale, out=out, casting="unsafe")
+        send = out
+    if out is send:
+        comm.Allreduce(MPI.IN_PLACE, _typed(out), op=_mpi_op(op, out.dtype))
+    else:
+        comm.Allreduce(_typed(send), _typed(out), op=_mpi_op(op, out.dtype))
+    _finish(out, op, size, postscale)
+    return out
+
+
+def _bytes(arr: np.ndarray) -> np.ndarray:
+    return arr.reshape(-1).view(np.uint8)
+
+
+def allgather(comm: Any, send: np.ndarray, counts: np.ndarray) -> np.ndarray:
+    """Gather along dim 0; ``counts[r]`` is rank r's dim-0 size."""
+    row_bytes = int(np.prod(send.shape[1:], dtype=np.int64)) * send.dtype.itemsize
+    out = np.empty((int(counts.sum()),) + send.shape[1:], dtype=send.dtype)
+    byte_counts = counts.astype(np.int64) * row_bytes
+    displs = np.zeros_like(byte_counts)
+    np.cumsum(byte_counts[:-1], out=displs[1:])
+    comm.Allgatherv([_bytes(send), MPI.BYTE], [_bytes(out), (byte_counts, displs), MPI.BYTE])
+    return out
+
+
+def broadcast_into(comm: Any, buf: np.ndarray, root: int) -> np.ndarray:
+    comm.Bcast([_bytes(buf), MPI.BYTE], root=root)
+    return buf
+
+
+def alltoall(comm: Any, send: np.ndarray, splits: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Send rows ``splits[r]`` to rank r; return (received rows, received splits)."""
+    size = comm.Get_size()
+    recv_splits = np.empty(size, dtype=np.int64)
+    comm.Alltoall(splits.astype(np.int64), recv_splits)
+    row_bytes = int(np.prod(send.shape[1:], dtype=np.int64)) * send.dtype.itemsize
+    out = np.empty((int(recv_splits.sum()),) + send.shape[1:], dtype=send.dtype)
+    sc = splits.astype(np.int64) * row_bytes
+    rc = recv_splits * row_bytes
+    sd = np.zeros_like(sc)
+    rd = np.zeros_like(rc)
+    np.cumsum(sc[:-1], out=sd[1:])
+    np.cumsum(rc[:-1], out=rd[1:])
+    comm.Alltoallv([_bytes(send), (sc, sd), MPI.BYTE], [_bytes(out), (rc, rd), MPI.BYTE])
+    return out, recv_splits
+
+
+def scatter_counts(dim0: int, size: int) -> np.ndarray:
+    """Rows per rank for reducescatter: as even as possible, the first ``dim0 % size`` ranks get one more."""
+    base, extra = divmod(dim0, size)
+    return np.array([base + (1 if r < extra else 0) for r in range(size)], dtype=np.int64)
+
+
+def reducescatter(comm: Any, send: np.ndarray, op: ReduceOp, prescale: float = 1.0,
+                  postscale: float = 1.0) -> np.ndarray:
+    size, rank = comm.Get_size(), comm.Get_rank()
+    rows = scatter_counts(send.shape[0], size)
+    row_elems = int(np.prod(send.shape[1:], dtype=np.int64))
+    upcast = needs_upcast(send.dtype)
+    work = send.astype(np.float32) if upcast else send
+    if prescale != 1.0:
+        work = work * prescale if work is send else np.multiply(work, prescale, out=work)
+    out = np.empty((int(rows[rank]),) + send.shape[1:], dtype=work.dtype)
+    comm.Reduce_scatter(_typed(np.ascontiguousarray(work)), _typed(out), recvcounts=rows * row_elems,
+                        op=_mpi_op(op, work.dtype))
+    _finish(out, op, size, postscale)
+    return out.astype(send.dtype) if upcast else out

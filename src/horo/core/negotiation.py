@@ -1,0 +1,109 @@
+"""Cross-rank agreement before each collective: mismatches raise on every rank instead of deadlocking.
+
+Every collective first allgathers a 16-byte header per rank: an 8-byte hash of its signature (the
+collective, name, dtype, shape, op, root, scale factors, ...) and one integer of payload (dim 0 for
+allgather). Signature hashes are cached, so the steady-state cost is one tiny allgather. When hashes
+differ, all ranks take the slow path together: they allgather the full signatures, and every rank raises
+the same MismatchError naming each rank's values. A rank inside ``join()`` takes part with the JOIN
+signature: allreduces then proceed with that rank contributing zeros.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any
+
+import numpy as np
+
+from .errors import MismatchError
+
+__all__ = ["Signature", "JOIN", "agree", "exchange", "format_mismatch", "joinable"]
+
+Signature = tuple  # tuple of (field, value) pairs, hashable and picklable
+
+JOIN: Signature = (("collective", "join"),)
+
+_HASHES: dict[Signature, int] = {}
+_CACHE_LIMIT = 1 << 16
+
+
+def _hash(sig: Signature) -> int:
+    h = _HASHES.get(sig)
+    if h is None:
+        if len(_HASHES) >= _CACHE_LIMIT:  # unbounded unique names must not grow memory
+            _HASHES.clear()
+        digest = hashlib.blake2b(repr(sig).encode(), digest_size=8).digest()
+        h = _HASHES[sig] = int.from_bytes(digest, "little", signed=True)
+    return h
+
+
+def exchange(comm: Any, sig: Signature, payload: int = 0) -> tuple[np.ndarray, list[Signature] | None]:
+    """Allgather (hash, payload); on disagreement also allgather the full signatures.
+
+    Returns:
+        The per-rank payloads, and the per-rank signatures when they differ (else None).
+    """
+    h = _hash(sig)
+    send = np.array([h, payload], dtype=np.int64)
+    recv = np.empty((comm.Get_size(), 2), dtype=np.int64)
+    comm.Allgather(send, recv)
+    if (recv[:, 0] == h).all():
+        return recv[:, 1], None
+    return recv[:, 1], comm.allgather(sig)
+
+
+def joinable(sig: Signature) -> bool:
+    fields = dict(sig)
+    return fields.get("collective") in ("allreduce", "grouped_allreduce") and fields.get("op") in ("Sum", "Average")
+
+
+def agree(comm: Any, sig: Signature, payload: int = 0, ranks: list[int] | None = None) -> np.ndarray:
+    """Check that every rank of ``comm`` calls the same collective; return the per-rank payloads.
+
+    Args:
+        comm: the process set's communicator.
+        sig: this rank's signature.
+        payload: one int64 carried along (e.g. dim 0 for allgather).
+        ranks: global ranks of the set's members, for the message.
+
+    Raises:
+        MismatchError: on every rank, when the signatures differ.
+    """
+    payloads, sigs = exchange(comm, sig, payload)
+    if sigs is None:
+        return payloads
+    active = [s for s in sigs if s != JOIN]
+    if active and len(active) < len(sigs) and all(s == active[0] for s in active) and joinable(active[0]):
+        return payloads  # joined ranks contribute zeros; see collectives.join
+    raise MismatchError(format_mismatch(sigs, ranks))
+
+
+def _fmt(value: Any) -> str:
+    return value if isinstance(value, str) else repr(value)
+
+
+def format_mismatch(sigs: list[Signature], ranks: list[int] | None = None) -> str:
+    """One message, identical on every rank, naming each rank's differing fields."""
+    ranks = ranks if ranks is not None else list(range(len(sigs)))
+    dicts = [dict(s) for s in sigs]
+    fields: list[str] = []
+    for d in dicts:
+        fields.extend(f for f in d if f not in fields)
+    differing = [f for f in fields if len({repr(d.get(f)) for d in dicts}) > 1]
+    if "collective" in differing:  # different calls: show what each rank was doing
+        differing = ["collective"] + [f for f in ("name",) if f in differing]
+    what = dicts[0].get("collective", "collective")
+    parts = []
+    for r, d in zip(ranks, dicts):
+        shown = ", ".join(f"{f}={_fmt(d.get(f, '<none>'))}" for f in differing)
+        parts.append(f"rank {r}: {shown}")
+    joined = [r for r, s in zip(ranks, sigs) if s == JOIN]
+    hint = (
+        f" Ranks {joined} have called join(): only Sum/Average allreduces can run while a rank is joined."
+        if joined else ""
+    )
+    return (
+        f"horo.{what}: ranks disagree on {', '.join(differing)}: " + "; ".join(parts) + "."
+        + hint + " HINT: every rank of a process set must call the same collectives in the same order with"
+        " the same dtype, shape, op, root and scale factors."
+    )

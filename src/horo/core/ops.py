@@ -1,0 +1,62 @@
+"""Reduction operations (Horovod's names)."""
+
+from __future__ import annotations
+
+import enum
+
+__all__ = ["ReduceOp", "Average", "Sum", "Min", "Max", "Product", "Adasum", "resolve_op"]
+
+
+class ReduceOp(enum.Enum):
+    """How allreduce / reducescatter combine the ranks' values."""
+
+    AVERAGE = "Average"
+    SUM = "Sum"
+    MIN = "Min"
+    MAX = "Max"
+    PRODUCT = "Product"
+    ADASUM = "Adasum"
+
+    def __repr__(self) -> str:
+        return f"horo.{self.value}"
+
+    __str__ = __repr__
+
+
+Average = ReduceOp.AVERAGE
+Sum = ReduceOp.SUM
+Min = ReduceOp.MIN
+Max = ReduceOp.MAX
+Product = ReduceOp.PRODUCT
+Adasum = ReduceOp.ADASUM
+
+
+def resolve_op(op: object = None, average: object = None, default: ReduceOp = Average) -> ReduceOp:
+    """Normalise Horovod's ``op=`` / deprecated ``average=`` pair into one ReduceOp.
+
+    Raises:
+        ValueError: both given, or an unknown op.
+    """
+    if average is not None:
+        if op is not None:
+            raise ValueError(
+                f"Pass either op= or the deprecated average=, not both. Received: op={op!r}, "
+                f"average={average!r}. HINT: use op=horo.Average or op=horo.Sum."
+            )
+        return Average if average else Sum
+    if op is None:
+        return default
+    if isinstance(op, ReduceOp):
+        if op is Adasum:
+            raise ValueError(
+                "Received: op=horo.Adasum. Adasum is not supported by horo. HINT: use horo.Average or horo.Sum."
+            )
+        return op
+    if isinstance(op, str):
+        for member in ReduceOp:
+            if member.value.lower() == op.lower() and member is not Adasum:
+                return member
+    raise ValueError(
+        f"Unknown reduce op. Received: op={op!r}. HINT: use one of horo.Average, horo.Sum, horo.Min, "
+        "horo.Max, horo.Product."
+    )

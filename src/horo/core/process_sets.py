@@ -1,0 +1,152 @@
+"""Process sets: collectives over a subset of the ranks (Horovod's API)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from .state import require_init, state
+
+__all__ = ["ProcessSet", "global_process_set", "add_process_set", "remove_process_set", "resolve"]
+
+
+class ProcessSet:
+    """A fixed group of global ranks that can run collectives among themselves.
+
+    Args:
+        ranks: the global ranks in the set (any order, no duplicates).
+    """
+
+    def __init__(self, ranks: Sequence[int]) -> None:
+        if isinstance(ranks, ProcessSet):
+            ranks = ranks.ranks
+        try:
+            ranks_list = [int(r) for r in ranks]
+        except (TypeError, ValueError):
+            raise TypeError(
+                f"ProcessSet needs a sequence of integer ranks. Received: ranks={ranks!r}. "
+                "HINT: horo.ProcessSet([0, 1])."
+            ) from None
+        if len(set(ranks_list)) != len(ranks_list):
+            raise ValueError(f"ProcessSet ranks must be unique. Received: ranks={ranks_list}.")
+        self.ranks: list[int] = sorted(ranks_list)
+        self.process_set_id: int | None = None
+        self.comm: Any = None  # direct (synchronous) collectives
+        self.engine_comm: Any = None  # the background engine's own communicator
+        self.engine: Any = None
+
+    def size(self) -> int:
+        return len(self.ranks)
+
+    def rank(self) -> int:
+        """This process's rank within the set (-1 if not included)."""
+        require_init("ProcessSet.rank()")
+        me = state.world.Get_rank()
+        return self.ranks.index(me) if me in self.ranks else -1
+
+    def included(self) -> bool:
+        require_init("ProcessSet.included()")
+        return state.world.Get_rank() in self.ranks
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, ProcessSet) and other.ranks == self.ranks
+
+    def __hash__(self) -> int:
+        return hash(tuple(self.ranks))
+
+    def __repr__(self) -> str:
+        return f"ProcessSet(process_set_id={self.process_set_id}, ranks={self.ranks})"
+
+
+global_process_set = ProcessSet([])
+global_process_set.process_set_id = 0
+
+
+def resolve(process_set: Any, what: str) -> ProcessSet:
+    """Validate a ``process_set=`` argument and return the registered set, before any communication."""
+    require_init(what)
+    ps = global_process_set if process_set is None else process_set
+    if not isinstance(ps, ProcessSet):
+        raise TypeError(
+            f"{what}: process_set must be a horo.ProcessSet. Received: process_set={process_set!r}. "
+            "HINT: ps = horo.add_process_set([0, 1]) and pass process_set=ps."
+        )
+    if ps.process_set_id is None or state.process_sets.get(ps.process_set_id) is not ps:
+        raise ValueError(
+            f"{what}: the process set is not registered. Received: process_set={ps!r}. "
+            "HINT: register it on all ranks with horo.add_process_set(...) or horo.init(process_sets=[...])."
+        )
+    if ps.comm is None:
+        raise ValueError(
+            f"{what}: rank {state.world.Get_rank()} is not in this process set. Received: process_set={ps!r}. "
+            "HINT: only call collectives of a set on its member ranks (check ps.included())."
+        )
+    return ps
+
+
+def add_process_set(process_set: ProcessSet | Sequence[int]) -> ProcessSet:
+    """Register a process set; a collective over all ranks, which must call it in the same order."""
+    from mpi4py import MPI
+
+    from .negotiation import agree
+
+    st = require_init("add_process_set()")
+    ps = process_set if isinstance(process_set, ProcessSet) else ProcessSet(process_set)
+    size = st.world.Get_size()
+    bad = [r for r in ps.ranks if not 0 <= r < size]
+    if bad or not ps.ranks:
+        raise ValueError(
+            f"add_process_set: ranks must be non-empty and within [0, {size}). Received: ranks={ps.ranks}."
+        )
+    if ps.process_set_id is not None:
+        raise ValueError(f"add_process_set: this set is already registered. Received: process_set={ps!r}.")
+    if any(p.ranks == ps.ranks for p in st.process_sets.values()):
+        raise ValueError(
+            f"add_process_set: a process set with ranks {ps.ranks} already exists. Received: process_set={ps!r}."
+        )
+    agree(st.world, (("collective", "add_process_set"), ("ranks", tuple(ps.ranks))))
+    me = st.world.Get_rank()
+    comm = st.world.Split(0 if me in ps.ranks else MPI.UNDEFINED, key=me)
+    if comm != MPI.COMM_NULL:
+        from .engine import Engine
+
+        ps.comm = comm
+        ps.engine_comm = comm.Dup()
+        ps.engine = Engine(ps.engine_comm, ps.ranks)
+    ps.process_set_id = st.next_process_set_id
+    st.next_process_set_id += 1
+    st.process_sets[ps.process_set_id] = ps
+    return ps
+
+
+def remove_process_set(process_set: ProcessSet) -> bool:
+    """Unregister a process set (collective over all ranks). Returns False if it was not registered."""
+    from .negotiation import agree
+
+    st = require_init("remove_process_set()")
+    if not isinstance(process_set, ProcessSet):
+        raise TypeError(f"remove_process_set needs a horo.ProcessSet. Received: process_set={process_set!r}.")
+    if process_set.process_set_id == 0:
+        raise ValueError("remove_process_set: the global process set cannot be removed. Received: process_set_id=0.")
+    if process_set.process_set_id not in st.process_sets:
+        return False
+    agree(st.world, (("collective", "remove_process_set"), ("id", process_set.process_set_id)))
+    release(process_set)
+    del st.process_sets[process_set.process_set_id]
+    process_set.process_set_id = None
+    return True
+
+
+def release(ps: ProcessSet) -> None:
+    """Stop the set's engine and free its communicators (local, used by remove and shutdown)."""
+    if ps.engine is not None:
+        ps.engine.stop()
+        ps.engine = None
+    for name in ("engine_comm", "comm"):
+        comm = getattr(ps, name)
+        if comm is not None and comm is not state.world:
+            try:
+                comm.Free()
+            except Exception:  # noqa: BLE001 - freeing at teardown must not mask the real error
+                pass
+        setattr(ps, name, None)

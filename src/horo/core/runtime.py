@@ -1,0 +1,220 @@
+"""Start-up, shut-down and topology queries (Horovod's names and meanings)."""
+
+from __future__ import annotations
+
+import atexit
+import importlib.util
+import os
+import sys
+import traceback
+from collections.abc import Sequence
+from typing import Any
+
+from .process_sets import ProcessSet, add_process_set, global_process_set, release
+from .state import require_init, state
+
+__all__ = [
+    "init", "shutdown", "is_initialized", "size", "rank", "local_size", "local_rank", "cross_size",
+    "cross_rank", "is_homogeneous", "mpi_threads_supported", "mpi_built", "mpi_enabled", "nccl_built",
+    "cuda_built", "gloo_built", "gloo_enabled", "rocm_built", "ddl_built", "ccl_built",
+]
+
+_atexit_registered = False
+_original_excepthook = sys.excepthook
+
+
+def init(comm: Any = None, process_sets: Sequence[ProcessSet] | None = None) -> None:
+    """Initialise horo on ``comm`` (default: all MPI processes). Calling it again is a no-op.
+
+    Args:
+        comm: an mpi4py communicator, or a list of global ranks to build one from.
+        process_sets: process sets to register right away (same list on every rank).
+    """
+    global _atexit_registered
+    if state.initialized:
+        return
+    from mpi4py import MPI
+
+    if comm is None:
+        base = MPI.COMM_WORLD
+    elif isinstance(comm, MPI.Comm):
+        base = comm
+    elif isinstance(comm, (list, tuple)) and all(isinstance(r, int) for r in comm):
+        group = MPI.COMM_WORLD.Get_group().Incl(sorted(comm))
+        base = MPI.COMM_WORLD.Create_group(group)
+        group.Free()
+    else:
+        raise TypeError(
+            f"init(comm=...) takes an mpi4py communicator or a list of ranks. Received: comm={comm!r}. "
+            "HINT: horo.init(comm=MPI.COMM_WORLD.Split(color, key))."
+        )
+    if process_sets is not None and not isinstance(process_sets, (list, tuple)):
+        raise TypeError(
+            f"init(process_sets=...) takes a list of horo.ProcessSet. Received: process_sets={process_sets!r}."
+        )
+    world = base.Dup()
+    me = world.Get_rank()
+    local = world.Split_type(MPI.COMM_TYPE_SHARED, key=me)
+    cross = world.Split(local.Get_rank(), key=me)
+    local_sizes = world.allgather(local.Get_size())
+
+    state.world, state.local, state.cross = world, local, cross
+    state.homogeneous = len(set(local_sizes)) == 1
+    global_process_set.ranks = list(range(world.Get_size()))
+    global_process_set.comm = world
+    global_process_set.engine_comm = world.Dup()
+    from .engine import Engine
+
+    global_process_set.engine = Engine(global_process_set.engine_comm, global_process_set.ranks)
+    state.process_sets = {0: global_process_set}
+    state.next_process_set_id = 1
+    state.initialized = True
+    for ps in process_sets or ():
+        add_process_set(ps)
+    path = os.environ.get("HORO_TIMELINE")
+    if path and world.Get_rank() == 0:
+        from .timeline import timeline
+
+        timeline.start(path)
+
+    if world.Get_size() > 1 and os.environ.get("HORO_ABORT_ON_ERROR", "1") != "0":
+        sys.excepthook = _abort_on_uncaught
+    if not _atexit_registered:
+        atexit.register(_shutdown_at_exit)
+        _atexit_registered = True
+
+
+def _abort_on_uncaught(exc_type: type[BaseException], exc: BaseException, tb: Any) -> None:
+    # Without this, the other ranks would wait forever in their next collective.
+    traceback.print_exception(exc_type, exc, tb)
+    sys.stderr.write(f"horo: rank {state.world.Get_rank() if state.world else '?'} raised an uncaught "
+                     f"{exc_type.__name__}; aborting the MPI job so the other ranks do not hang.\n")
+    sys.stderr.flush()
+    from mpi4py import MPI
+
+    MPI.COMM_WORLD.Abort(1)
+
+
+def _shutdown_at_exit() -> None:
+    try:
+        shutdown()
+    except Exception as exc:  # noqa: BLE001 - report, do not hide the interpreter's own exit status
+        sys.stderr.write(f"horo: error during shutdown at exit: {exc}\n")
+
+
+def shutdown() -> None:
+    """Stop the engines and free horo's communicators. ``init()`` may be called again afterwards."""
+    if not state.initialized:
+        return
+    from .timeline import timeline
+
+    try:
+        for ps in sorted(state.process_sets.values(), key=lambda p: -int(p.process_set_id or 0)):
+            release(ps)
+        for comm in (state.local, state.cross, state.world):
+            if comm is not None:
+                comm.Free()
+    finally:
+        timeline.stop()
+        global_process_set.ranks = []
+        sys.excepthook = _original_excepthook
+        state.reset()
+
+
+def is_initialized() -> bool:
+    return state.initialized
+
+
+def size() -> int:
+    """Number of processes in the job."""
+    return require_init("size()").world.Get_size()
+
+
+def rank() -> int:
+    """This process's rank in the job, 0 .. size()-1."""
+    return require_init("rank()").world.Get_rank()
+
+
+def local_size() -> int:
+    """Number of processes on this node."""
+    return require_init("local_size()").local.Get_size()
+
+
+def local_rank() -> int:
+    """This process's rank on its node (use it to pick a GPU)."""
+    return require_init("local_rank()").local.Get_rank()
+
+
+def cross_size() -> int:
+    """Number of nodes that have a process with this local rank."""
+    return require_init("cross_size()").cross.Get_size()
+
+
+def cross_rank() -> int:
+    """This node's index among the processes of the same local rank."""
+    return require_init("cross_rank()").cross.Get_rank()
+
+
+def is_homogeneous() -> bool:
+    """True when every node runs the same number of processes."""
+    return require_init("is_homogeneous()").homogeneous
+
+
+def mpi_threads_supported() -> bool:
+    """True when MPI runs with MPI_THREAD_MULTIPLE."""
+    require_init("mpi_threads_supported()")
+    from mpi4py import MPI
+
+    return MPI.Query_thread() == MPI.THREAD_MULTIPLE
+
+
+def mpi_built() -> bool:
+    return importlib.util.find_spec("mpi4py") is not None
+
+
+def mpi_enabled() -> bool:
+    return mpi_built()
+
+
+def gloo_built() -> bool:
+    return False
+
+
+def gloo_enabled() -> bool:
+    return False
+
+
+def rocm_built() -> bool:
+    return False
+
+
+def ddl_built() -> bool:
+    return False
+
+
+def ccl_built() -> bool:
+    return False
+
+
+def cuda_built() -> bool:
+    """True when CuPy is installed and sees a CUDA device."""
+    if importlib.util.find_spec("cupy") is None:
+        return False
+    try:
+        import cupy
+
+        return cupy.cuda.runtime.getDeviceCount() > 0
+    except Exception:  # noqa: BLE001 - no driver / no device both mean "not available"
+        return False
+
+
+def nccl_built() -> bool:
+    """True when CuPy's NCCL bindings are usable (the ``nccl`` extra on a GPU machine)."""
+    if not cuda_built():
+        return False
+    try:
+        from cupy.cuda import nccl
+
+        return bool(nccl.available) if hasattr(nccl, "available") else True
+    except Exception:  # noqa: BLE001
+        return False

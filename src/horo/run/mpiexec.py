@@ -1,0 +1,119 @@
+"""Find the ``mpiexec`` to drive, tell which MPI it belongs to, and build its command line."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import sysconfig
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from horo.run.hosts import HostSpec, to_hydra_hosts_arg
+
+__all__ = ["HYDRA", "OPENMPI", "LaunchPlan", "MpiexecError", "find_mpiexec", "detect_flavor", "build_command"]
+
+HYDRA = "hydra"  # MPICH, Intel MPI, MVAPICH: all use the hydra process manager.
+OPENMPI = "openmpi"
+
+
+class MpiexecError(ValueError):
+    """No usable mpiexec: a named one is missing or none can be found."""
+
+
+def _executable(path: str) -> str | None:
+    """``path`` resolved through PATH when it is a bare name, if it names an executable file."""
+    found = shutil.which(path)
+    return os.path.abspath(found) if found else None
+
+
+def find_mpiexec(named: str | None = None, env: dict[str, str] | None = None) -> str:
+    """Pick the mpiexec: ``--mpiexec``, else ``HORO_MPIEXEC``, else the venv's, else PATH's.
+
+    The venv's comes before PATH's because the ``mpich`` wheel's mpiexec matches the MPI library mpi4py
+    loads; a different MPI's mpiexec on PATH would start N singletons instead of one job.
+
+    Raises:
+        MpiexecError: the named one (flag or env) is not an executable, or none exists at all.
+    """
+    env = os.environ if env is None else env
+    for label, value in (("--mpiexec", named), ("HORO_MPIEXEC", env.get("HORO_MPIEXEC") or None)):
+        if value is not None:
+            found = _executable(value)
+            if found is None:
+                raise MpiexecError(
+                    f"{label} does not name an executable. Received: {label}={value!r}. "
+                    "HINT: give the path of an MPI launcher, e.g. --mpiexec /usr/bin/mpiexec."
+                )
+            return found
+    # Not resolved: a venv's bin/python is usually a symlink to the base interpreter, whose directory
+    # does not hold the venv's scripts.
+    for directory in (Path(sys.executable).parent, Path(sysconfig.get_path("scripts"))):
+        cand = directory / "mpiexec"
+        if cand.is_file() and os.access(cand, os.X_OK):
+            return str(cand)
+    found = _executable("mpiexec")
+    if found is None:
+        raise MpiexecError(
+            "no mpiexec found (not next to the Python interpreter, not on PATH). Received: --mpiexec=None. "
+            "HINT: pip install mpich, or pass --mpiexec PATH / set HORO_MPIEXEC."
+        )
+    return found
+
+
+def detect_flavor(mpiexec: str, timeout: float = 10.0) -> str:
+    """Ask ``mpiexec --version`` which launcher it is; hydra when it cannot tell."""
+    try:
+        out = subprocess.run(
+            [mpiexec, "--version"], capture_output=True, text=True, timeout=timeout, check=False
+        )
+        text = out.stdout + out.stderr
+    except (OSError, subprocess.TimeoutExpired):
+        return HYDRA
+    if any(mark in text for mark in ("Open MPI", "OpenRTE", "PRRTE", "prterun")):
+        return OPENMPI
+    return HYDRA
+
+
+@dataclass
+class LaunchPlan:
+    """Everything that shapes the mpiexec command line."""
+
+    mpiexec: str
+    np: int
+    command: list[str]
+    flavor: str = HYDRA
+    hosts: list[HostSpec] | None = None
+    hostfile: str | None = None  # path of a file already in the launcher's own format
+    genv: dict[str, str] = field(default_factory=dict)  # set for every rank, on every host
+    tag_output: bool = False
+
+
+def build_command(plan: LaunchPlan) -> list[str]:
+    """The full argv for mpiexec.
+
+    Hydra oversubscribes by default (``-np`` above the core count just works); Open MPI refuses unless
+    told ``--oversubscribe``.
+    """
+    cmd = [plan.mpiexec, "-np", str(plan.np)]
+    if plan.flavor == OPENMPI:
+        cmd.append("--oversubscribe")
+        if plan.hosts:
+            cmd += ["-H", to_hydra_hosts_arg(plan.hosts)]  # Open MPI takes the same host:slots list
+        if plan.hostfile:
+            cmd += ["--hostfile", plan.hostfile]
+        if plan.tag_output:
+            cmd.append("--tag-output")
+        for name, value in plan.genv.items():
+            cmd += ["-x", f"{name}={value}"]
+    else:
+        if plan.hosts:
+            cmd += ["-hosts", to_hydra_hosts_arg(plan.hosts)]
+        if plan.hostfile:
+            cmd += ["-f", plan.hostfile]
+        if plan.tag_output:
+            cmd.append("-prepend-rank")
+        for name, value in plan.genv.items():
+            cmd += ["-genv", name, value]
+    return cmd + list(plan.command)

@@ -1,0 +1,131 @@
+"""hororun's start-up hook for rank processes: a failing rank must end the whole MPI job fast.
+
+Why: mpi4py finalizes MPI at exit, and ``MPI_Finalize`` waits for the other ranks. A rank that dies of an
+uncaught exception or ``sys.exit(3)`` while the others sit in a collective therefore never exits, so the
+process manager never learns that it failed and the job hangs. This hook makes such a rank skip
+finalization and leave with ``os._exit(code)``; mpiexec then sees a non-zero exit and kills the job.
+
+It only acts when mpi4py has initialized MPI with more than one rank, so ordinary Python processes (and
+single-rank runs) exit exactly as before. Only the standard library is imported here: this runs before
+the user's program in every Python process of the job. ``raise SystemExit(n)`` written out directly is not
+seen (only ``sys.exit``/``exit``/``quit``); a job using ``horo.init()`` is covered anyway by horo's abort.
+"""
+
+from __future__ import annotations
+
+import atexit
+import builtins
+import os
+import sys
+from typing import Any
+
+__all__ = ["install"]
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+_state: dict[str, Any] = {"code": 0, "armed": False}
+
+
+def _mpi_job_running() -> bool:
+    """Whether this process is a rank of a live multi-rank MPI job (so finalize could block)."""
+    mpi = sys.modules.get("mpi4py.MPI")
+    if mpi is None:
+        return False
+    try:
+        return bool(mpi.Is_initialized()) and not mpi.Is_finalized() and mpi.COMM_WORLD.Get_size() > 1
+    except Exception:  # a half-torn-down interpreter: do not make exit worse
+        return False
+
+
+def _hard_exit(code: int) -> None:
+    """Flush what the rank printed (the traceback must reach the user), then exit without finalize."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:
+            pass
+    os._exit(code)
+
+
+def _exit_code(status: object) -> int:
+    """The process exit status Python would use for ``SystemExit(status)``."""
+    if status is None:
+        return 0
+    if isinstance(status, int):
+        return status
+    return 1
+
+
+def _at_exit() -> None:
+    if _state["code"] and _mpi_job_running():
+        _hard_exit(_state["code"])
+
+
+def _arm(status: object) -> None:
+    """Remember a non-zero exit requested from the main thread; act on it once Python is exiting."""
+    import threading
+
+    code = _exit_code(status)
+    if code == 0 or threading.current_thread() is not threading.main_thread():
+        return  # SystemExit in another thread only ends that thread
+    _state["code"] = code
+    if not _state["armed"]:
+        # Registered now, not at start-up, so it runs first (atexit is LIFO): before any handler that
+        # might itself wait on the other ranks.
+        atexit.register(_at_exit)
+        _state["armed"] = True
+
+
+def install() -> None:
+    """Wrap ``sys.excepthook``, ``sys.exit``, ``exit`` and ``quit`` in this process."""
+    orig_hook = sys.excepthook
+    orig_exit = sys.exit
+
+    def excepthook(exc_type: type[BaseException], exc: BaseException, tb: Any) -> None:
+        orig_hook(exc_type, exc, tb)  # print the traceback first: it is what the user needs to see
+        if _mpi_job_running():
+            _hard_exit(130 if issubclass(exc_type, KeyboardInterrupt) else 1)
+
+    def sys_exit(status: object = None) -> None:
+        _arm(status)
+        orig_exit(status)
+
+    sys.excepthook = excepthook
+    sys.exit = sys_exit
+    for name in ("exit", "quit"):
+        quitter = getattr(builtins, name, None)
+        if quitter is not None:
+            setattr(builtins, name, _wrap_quitter(quitter))
+
+
+def _wrap_quitter(quitter: Any) -> Any:
+    """Wrap site's ``exit``/``quit`` object, keeping its repr ("Use exit() or Ctrl-D ...")."""
+
+    class _Quitter:
+        def __repr__(self) -> str:
+            return repr(quitter)
+
+        def __call__(self, code: object = None) -> None:
+            _arm(code)
+            quitter(code)
+
+    return _Quitter()
+
+
+def _chain_next_sitecustomize() -> None:
+    """Run the ``sitecustomize`` this file shadows, if any (e.g. a distribution's), so nothing is lost."""
+    import importlib.machinery
+    import importlib.util
+
+    path = [p for p in sys.path if os.path.abspath(p or os.curdir) != _HERE]
+    spec = importlib.machinery.PathFinder.find_spec("sitecustomize", path)
+    if spec is None or spec.loader is None:
+        return
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+
+
+if __name__ == "sitecustomize":  # only as the start-up hook, never when imported by name
+    # Drop this directory from sys.path: it was only needed to find this module.
+    sys.path[:] = [p for p in sys.path if os.path.abspath(p or os.curdir) != _HERE]
+    install()
+    _chain_next_sitecustomize()

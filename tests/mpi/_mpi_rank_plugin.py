@@ -1,0 +1,50 @@
+"""pytest plugin loaded (``-p _mpi_rank_plugin``) by tests/test_mpi_suites.py in every MPI rank.
+
+* Ranks other than 0 send their stdout/stderr to ``$HORO_TEST_LOGDIR/rank<r>.log``: CI shows only rank 0's
+  summary, and the harness prints every rank's log when the job fails.
+* Every rank writes its pytest exit status to ``$HORO_TEST_LOGDIR/rank<r>.rc`` at the end of the session, so a
+  failure on rank 1 alone fails the job even if mpiexec reported 0, and a rank that died (killed, os._exit
+  by pytest-timeout, MPI abort) shows up as "no exit status".
+
+It must not import mpi4py: it runs before pytest collects anything and before MPI is initialised. The rank is
+read from the process manager's environment (MPICH hydra: PMI_RANK; Open MPI: OMPI_COMM_WORLD_RANK; PMIx).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+_RANK_VARS = ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "MPI_LOCALRANKID")
+
+
+def launcher_rank() -> int:
+    for var in _RANK_VARS:
+        value = os.environ.get(var)
+        if value is not None and value.strip().isdigit():
+            return int(value)
+    return 0
+
+
+_RANK = launcher_rank()
+_LOGDIR = os.environ.get("HORO_TEST_LOGDIR")
+
+if _LOGDIR and _RANK != 0:
+    # Redirect at the file-descriptor level before pytest sets up capturing, so pytest's terminal writer,
+    # faulthandler / pytest-timeout stack dumps and MPI's own messages all land in the rank's log.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    _fd = os.open(os.path.join(_LOGDIR, f"rank{_RANK}.log"), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    os.dup2(_fd, 1)
+    os.dup2(_fd, 2)
+    os.close(_fd)
+
+
+def pytest_report_header(config):
+    return f"horo MPI test rank {_RANK} of HORO_TEST_WORLD={os.environ.get('HORO_TEST_WORLD', '?')}"
+
+
+def pytest_sessionfinish(session, exitstatus):
+    if _LOGDIR:
+        with open(os.path.join(_LOGDIR, f"rank{_RANK}.rc"), "w") as f:
+            f.write(f"{int(exitstatus)}\n")

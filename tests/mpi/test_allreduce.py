@@ -1,0 +1,227 @@
+"""allreduce / allreduce_ / grouped_allreduce(_) against numpy references, for every op and dtype."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from horo_mpi_util import (
+    ALL_DTYPES,
+    BOOL,
+    FLOAT_DTYPES,
+    OP_NAMES,
+    agree,
+    assert_close,
+    check,
+    dname,
+    make_array,
+    reduce_ref,
+)
+
+CASES = [(d, op) for d in ALL_DTYPES for op in OP_NAMES if not (d == BOOL and op == "Average")]
+
+
+def _inputs(seed, world, shape, dtype, op):
+    return [make_array(seed, r, shape, dtype, op, world) for r in range(world)]
+
+
+@pytest.mark.parametrize("dtype,op", CASES, ids=[f"{dname(d)}-{op}" for d, op in CASES])
+def test_allreduce_every_op_and_dtype(hvd, world, rank, dtype, op):
+    inputs = _inputs(11, world, (3, 5), dtype, op)
+    x = inputs[rank].copy()
+    out = hvd.allreduce(x, op=getattr(hvd, op), name=f"ar.{dname(dtype)}.{op}")
+    magnitude = 1.5 ** world if op == "Product" else 4.0
+
+    def _check():
+        assert out is not x
+        assert not np.shares_memory(out, x), "out-of-place result aliases the input"
+        np.testing.assert_array_equal(x, inputs[rank], err_msg="out-of-place allreduce modified its input")
+        assert_close(out, reduce_ref(inputs, op), dtype, world, magnitude, what=f"allreduce {op}")
+
+    agree(_check)
+
+
+@pytest.mark.parametrize("dtype,op", CASES, ids=[f"{dname(d)}-{op}" for d, op in CASES])
+def test_allreduce_inplace_every_op_and_dtype(hvd, world, rank, dtype, op):
+    inputs = _inputs(12, world, (4, 2), dtype, op)
+    x = inputs[rank].copy()
+    ret = hvd.allreduce_(x, op=getattr(hvd, op))
+    magnitude = 1.5 ** world if op == "Product" else 4.0
+
+    def _check():
+        assert ret is x, "allreduce_ must return the very array it was given"
+        assert_close(x, reduce_ref(inputs, op), dtype, world, magnitude, what=f"allreduce_ {op}")
+
+    agree(_check)
+
+
+def test_default_op_is_average(hvd, world, rank):
+    inputs = _inputs(13, world, (6,), np.float64, "Average")
+    out = hvd.allreduce(inputs[rank])
+    agree(assert_close, out, reduce_ref(inputs, "Average"), np.float64, world)
+
+
+@pytest.mark.parametrize("average,op", [(True, "Average"), (False, "Sum")])
+def test_deprecated_average_flag(hvd, world, rank, average, op):
+    inputs = _inputs(14, world, (5,), np.float32, op)
+    out = hvd.allreduce(inputs[rank], average=average)
+    agree(assert_close, out, reduce_ref(inputs, op), np.float32, world)
+
+
+@pytest.mark.parametrize("dtype", [np.int8, np.int16, np.int32, np.int64])
+def test_integer_average_is_floor_division(hvd, world, rank, dtype):
+    # Sums that are negative and not multiples of the world size: floor, not truncation toward zero.
+    base = np.array([-7, -5, -3, -1, 0, 1, 3, 5, 7], dtype=dtype)
+    inputs = [(base + (r % 2)).astype(dtype) for r in range(world)]
+    out = hvd.allreduce(inputs[rank], op=hvd.Average)
+    expected = np.floor_divide(np.sum([a.astype(np.int64) for a in inputs], axis=0), world)
+    agree(assert_close, out, expected, np.dtype(dtype), world)
+
+
+def test_bool_ops_are_logical(hvd, world, rank):
+    # Rank r's pattern: element i is True iff bit r of i is set (plus an all-True and an all-False column).
+    n = 1 << world
+    x = np.array([(i >> rank) & 1 == 1 for i in range(n)] + [True, False], dtype=bool)
+    everyone = [np.array([(i >> r) & 1 == 1 for i in range(n)] + [True, False], dtype=bool)
+                for r in range(world)]
+    any_ = np.any(everyone, axis=0)
+    all_ = np.all(everyone, axis=0)
+    results = {op: hvd.allreduce(x, op=getattr(hvd, op)) for op in ("Sum", "Max", "Min", "Product")}
+
+    def _check():
+        for op, expected in (("Sum", any_), ("Max", any_), ("Min", all_), ("Product", all_)):
+            assert results[op].dtype == np.bool_, op
+            np.testing.assert_array_equal(results[op], expected, err_msg=op)
+
+    agree(_check)
+
+
+def test_bool_average_rejected(hvd):
+    def _check():
+        with pytest.raises((ValueError, TypeError)) as info:
+            hvd.allreduce(np.ones(3, dtype=bool), op=hvd.Average)
+        assert "Received:" in str(info.value), str(info.value)
+
+    agree(_check)
+    # The runtime is still usable.
+    out = hvd.allreduce(np.ones(2), op=hvd.Sum)
+    agree(np.testing.assert_array_equal, out, np.full(2, float(hvd.size())))
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=dname)
+@pytest.mark.parametrize("op", ["Sum", "Average"])
+@pytest.mark.parametrize("pre,post", [(0.5, 1.0), (1.0, 0.25), (2.0, 3.0), (-1.5, 0.5)])
+def test_prescale_postscale(hvd, world, rank, dtype, op, pre, post):
+    inputs = _inputs(15, world, (7,), dtype, op)
+    x = inputs[rank].copy()
+    out = hvd.allreduce(x, op=getattr(hvd, op), prescale_factor=pre, postscale_factor=post)
+    y = inputs[rank].copy()
+    ret = hvd.allreduce_(y, op=getattr(hvd, op), prescale_factor=pre, postscale_factor=post)
+    expected = reduce_ref(inputs, op, prescale=pre, postscale=post)
+    magnitude = 4.0 * abs(pre) * abs(post)
+
+    def _check():
+        np.testing.assert_array_equal(x, inputs[rank], err_msg="allreduce with prescale modified its input")
+        assert_close(out, expected, dtype, world, magnitude, what="out of place")
+        assert ret is y
+        assert_close(y, expected, dtype, world, magnitude, what="in place")
+
+    agree(_check)
+
+
+def test_scalar_0d(hvd, world, rank):
+    x = np.array(float(rank + 1))
+    out = hvd.allreduce(x, op=hvd.Sum)
+
+    def _check():
+        assert np.shape(out) == ()
+        assert float(out) == world * (world + 1) / 2
+
+    agree(_check)
+
+
+def test_non_contiguous_input(hvd, world, rank):
+    base = np.arange(24, dtype=np.float64).reshape(4, 6) + rank
+    view = base[:, ::2]
+    snapshot = base.copy()
+    out = hvd.allreduce(view, op=hvd.Sum)
+    expected = sum((np.arange(24, dtype=np.float64).reshape(4, 6) + r)[:, ::2] for r in range(world))
+
+    def _check():
+        np.testing.assert_array_equal(out, expected)
+        np.testing.assert_array_equal(base, snapshot, err_msg="input modified")
+
+    agree(_check)
+    # In place on a strided view writes through to the base array, and only to the viewed elements.
+    ret = hvd.allreduce_(view, op=hvd.Sum)
+
+    def _check_inplace():
+        assert ret is view
+        np.testing.assert_array_equal(base[:, ::2], expected)
+        np.testing.assert_array_equal(base[:, 1::2], snapshot[:, 1::2])
+
+    agree(_check_inplace)
+
+
+def test_large_tensor(hvd, world, rank):
+    x = np.full(1 << 20, rank + 1, dtype=np.float32)
+    out = hvd.allreduce(x, op=hvd.Sum)
+    agree(lambda: np.testing.assert_array_equal(out, np.full(1 << 20, world * (world + 1) / 2, np.float32)))
+
+
+def test_empty_tensor(hvd, world, rank):
+    # Not spelled out by the contract; Horovod reduces zero-size tensors to zero-size results.
+    out = hvd.allreduce(np.zeros((0, 3), dtype=np.float32), op=hvd.Sum)
+    check(np.shape(out) == (0, 3) and out.dtype == np.float32, f"got {np.shape(out)} {out.dtype}")
+
+
+# ------------------------------------------------------------------------------------ grouped
+def _group_inputs(world, seed):
+    specs = [((3,), np.float32, "Sum"), ((2, 2), np.int32, "Sum"), ((5,), np.float64, "Sum"),
+             ((1, 4), np.float16, "Sum")]
+    return specs, [[make_array(seed + i, r, shape, dt, op, world) for r in range(world)]
+                   for i, (shape, dt, op) in enumerate(specs)]
+
+
+@pytest.mark.parametrize("op", ["Sum", "Average", "Max"])
+def test_grouped_allreduce(hvd, world, rank, op):
+    specs, per_tensor = _group_inputs(world, 100)
+    mine = [inputs[rank].copy() for inputs in per_tensor]
+    outs = hvd.grouped_allreduce(mine, op=getattr(hvd, op))
+
+    def _check():
+        assert isinstance(outs, list) and len(outs) == len(specs)
+        for i, ((_, dt, _), inputs) in enumerate(zip(specs, per_tensor)):
+            np.testing.assert_array_equal(mine[i], inputs[rank], err_msg=f"input {i} modified")
+            assert outs[i] is not mine[i]
+            assert_close(outs[i], reduce_ref(inputs, op), np.dtype(dt), world, what=f"tensor {i}")
+
+    agree(_check)
+
+
+def test_grouped_allreduce_inplace(hvd, world, rank):
+    specs, per_tensor = _group_inputs(world, 200)
+    mine = [inputs[rank].copy() for inputs in per_tensor]
+    ret = hvd.grouped_allreduce_(mine, op=hvd.Sum)
+
+    def _check():
+        assert len(ret) == len(mine)
+        for i, ((_, dt, _), inputs) in enumerate(zip(specs, per_tensor)):
+            assert ret[i] is mine[i], f"grouped_allreduce_ returned a new array for tensor {i}"
+            assert_close(mine[i], reduce_ref(inputs, "Sum"), np.dtype(dt), world, what=f"tensor {i}")
+
+    agree(_check)
+
+
+def test_grouped_allreduce_scaling(hvd, world, rank):
+    _, per_tensor = _group_inputs(world, 300)
+    mine = [inputs[rank].copy() for inputs in per_tensor if np.dtype(inputs[0].dtype).kind == "f"]
+    floats = [inputs for inputs in per_tensor if np.dtype(inputs[0].dtype).kind == "f"]
+    outs = hvd.grouped_allreduce(mine, op=hvd.Average, prescale_factor=0.5, postscale_factor=4.0)
+
+    def _check():
+        for i, inputs in enumerate(floats):
+            expected = reduce_ref(inputs, "Average", prescale=0.5, postscale=4.0)
+            assert_close(outs[i], expected, inputs[0].dtype, world, magnitude=8.0, what=f"tensor {i}")
+
+    agree(_check)
+

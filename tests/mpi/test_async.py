@@ -1,0 +1,188 @@
+"""Async collectives: handles, poll, synchronize, negotiation by name, duplicate names."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+from horo_mpi_util import agree, assert_close, assert_equal_arrays, check, make_array, reduce_ref, scatter_rows
+
+
+def _wait(hvd, handle, timeout=20.0):
+    """poll() until done (it must become True without synchronize being called), then synchronize."""
+    deadline = time.monotonic() + timeout
+    while not hvd.poll(handle):
+        if time.monotonic() > deadline:
+            raise AssertionError(f"poll({handle}) still False after {timeout} s")
+        time.sleep(0.001)
+    return hvd.synchronize(handle)
+
+
+def test_allreduce_async(hvd, world, rank):
+    inputs = [make_array(80, r, (4, 3), np.float32) for r in range(world)]
+    x = inputs[rank].copy()
+    handle = hvd.allreduce_async(x, op=hvd.Sum, name="async.ar")
+    check(isinstance(handle, (int, np.integer)) and not isinstance(handle, bool), f"handle {handle!r}")
+    polled = hvd.poll(handle)
+    check(isinstance(polled, bool), f"poll returned {polled!r}")
+    out = hvd.synchronize(handle)
+
+    def _check():
+        assert_close(out, reduce_ref(inputs, "Sum"), np.float32, world)
+        np.testing.assert_array_equal(x, inputs[rank], err_msg="allreduce_async modified its input")
+
+    agree(_check)
+
+
+def test_allreduce_async_inplace(hvd, world, rank):
+    inputs = [make_array(81, r, (5,), np.float64) for r in range(world)]
+    x = inputs[rank].copy()
+    handle = hvd.allreduce_async_(x, op=hvd.Average, name="async.ar_")
+    out = _wait(hvd, handle)
+    expected = reduce_ref(inputs, "Average")
+
+    def _check():
+        assert_close(x, expected, np.float64, world, what="the input array after allreduce_async_")
+        assert_close(out, expected, np.float64, world, what="synchronize() result")
+
+    agree(_check)
+
+
+def test_poll_becomes_true(hvd, world, rank):
+    handle = hvd.allreduce_async(np.ones(8), op=hvd.Sum, name="async.poll")
+    out = agree(_wait, hvd, handle)
+    agree(np.testing.assert_array_equal, out, np.full(8, float(world)))
+
+
+def test_all_async_kinds(hvd, world, rank):
+    a = [make_array(82, r, (3,), np.float32) for r in range(world)]
+    g = [[make_array(83, r, (2,), np.float64) for r in range(world)],
+         [make_array(84, r, (2, 2), np.int32) for r in range(world)]]
+    gathered = [np.full((r + 1, 2), r, dtype=np.int16) for r in range(world)]
+    bsrc = [np.full(4, r, dtype=np.float32) for r in range(world)]
+    bdst = bsrc[rank].copy()
+    splits = [1] * world
+    a2a = np.arange(world * 2, dtype=np.int64).reshape(world, 2) + 10 * rank
+    rs = [make_array(85, r, (world + 1, 2), np.float64) for r in range(world)]
+
+    handles = {
+        "allreduce": hvd.allreduce_async(a[rank], op=hvd.Sum, name="k.ar"),
+        "grouped": hvd.grouped_allreduce_async([g[0][rank], g[1][rank]], op=hvd.Sum, name="k.gar"),
+        "allgather": hvd.allgather_async(gathered[rank], name="k.ag"),
+        "broadcast": hvd.broadcast_async(bsrc[rank], world - 1, name="k.bc"),
+        "broadcast_": hvd.broadcast_async_(bdst, 0, name="k.bc_"),
+        "alltoall": hvd.alltoall_async(a2a, splits=splits, name="k.a2a"),
+        "reducescatter": hvd.reducescatter_async(rs[rank], op=hvd.Sum, name="k.rs"),
+    }
+    results = {k: hvd.synchronize(h) for k, h in handles.items()}
+    start, end = scatter_rows(world + 1, world)[rank]
+
+    def _check():
+        assert len(set(handles.values())) == len(handles), f"handles not unique: {handles}"
+        assert_close(results["allreduce"], reduce_ref(a, "Sum"), np.float32, world)
+        grouped = results["grouped"]
+        assert len(grouped) == 2
+        assert_close(grouped[0], reduce_ref(g[0], "Sum"), np.float64, world)
+        assert_close(grouped[1], reduce_ref(g[1], "Sum"), np.int32, world)
+        assert_equal_arrays(results["allgather"], np.concatenate(gathered))
+        assert_equal_arrays(results["broadcast"], bsrc[world - 1])
+        assert_equal_arrays(bdst, bsrc[0], "broadcast_async_ destination")
+        out, recv = results["alltoall"]
+        expected = np.stack([np.arange(world * 2).reshape(world, 2)[rank] + 10 * s for s in range(world)])
+        assert_equal_arrays(out, expected.astype(np.int64), "alltoall_async")
+        assert list(np.asarray(recv).tolist()) == [1] * world
+        assert_close(results["reducescatter"], reduce_ref(rs, "Sum")[start:end], np.float64, world)
+
+    agree(_check)
+
+
+@pytest.mark.parametrize("count", [2, 6])
+def test_named_ops_in_different_orders(hvd, world, rank, count):
+    """Odd ranks submit the same named ops in reverse order; all must complete with the right values."""
+    names = [f"order.{count}.{i}" for i in range(count)]
+    inputs = {name: [make_array(90 + i, r, (i + 1, 2), np.float32) for r in range(world)]
+              for i, name in enumerate(names)}
+    order = names if rank % 2 == 0 else names[::-1]
+    handles = {name: hvd.allreduce_async(inputs[name][rank], op=hvd.Sum, name=name) for name in order}
+    # Synchronize in yet another order (rotated by rank).
+    sync_order = names[rank % count:] + names[:rank % count]
+    results = {name: hvd.synchronize(handles[name]) for name in sync_order}
+
+    def _check():
+        for name in names:
+            assert_close(results[name], reduce_ref(inputs[name], "Sum"), np.float32, world, what=name)
+
+    agree(_check)
+
+
+def test_named_mixed_kinds_in_different_orders(hvd, world, rank):
+    ar = [np.full(3, r + 1.0) for r in range(world)]
+    ag = [np.full((r + 1,), r, dtype=np.int32) for r in range(world)]
+    bc = [np.full(2, 10.0 * r) for r in range(world)]
+    submit = [
+        ("mix.ar", lambda: hvd.allreduce_async(ar[rank], op=hvd.Sum, name="mix.ar")),
+        ("mix.ag", lambda: hvd.allgather_async(ag[rank], name="mix.ag")),
+        ("mix.bc", lambda: hvd.broadcast_async(bc[rank], 0, name="mix.bc")),
+    ]
+    if rank % 2:
+        submit.reverse()
+    handles = {name: fn() for name, fn in submit}
+    results = {name: hvd.synchronize(handles[name]) for name in sorted(handles, reverse=bool(rank % 2))}
+
+    def _check():
+        np.testing.assert_array_equal(results["mix.ar"], np.full(3, world * (world + 1) / 2))
+        assert_equal_arrays(results["mix.ag"], np.concatenate(ag))
+        assert_equal_arrays(results["mix.bc"], bc[0])
+
+    agree(_check)
+
+
+def test_duplicate_in_flight_name_raises(hvd, world, rank):
+    first = hvd.allreduce_async(np.ones(4), op=hvd.Sum, name="dup.name")
+
+    def _dup():
+        with pytest.raises(ValueError) as info:
+            hvd.allreduce_async(np.ones(4), op=hvd.Sum, name="dup.name")
+        assert "dup.name" in str(info.value), str(info.value)
+
+    try:
+        agree(_dup)
+    finally:
+        out = hvd.synchronize(first)
+    agree(np.testing.assert_array_equal, out, np.full(4, float(world)))
+    # Once synchronized, the name is free again.
+    again = hvd.synchronize(hvd.allreduce_async(np.ones(2), op=hvd.Sum, name="dup.name"))
+    agree(np.testing.assert_array_equal, again, np.full(2, float(world)))
+
+
+def test_many_unnamed_async(hvd, world, rank):
+    handles = [hvd.allreduce_async(np.full(3, float(i + rank)), op=hvd.Sum) for i in range(20)]
+    outs = [hvd.synchronize(h) for h in handles]
+
+    def _check():
+        for i, out in enumerate(outs):
+            np.testing.assert_array_equal(out, np.full(3, float(i * world + world * (world - 1) / 2)))
+
+    agree(_check)
+
+
+def test_async_then_sync_collective(hvd, world, rank):
+    """A synchronous collective issued while an async op is in flight still pairs up correctly."""
+    h = hvd.allreduce_async(np.full(2, rank + 1.0), op=hvd.Sum, name="inflight")
+    sync_out = hvd.allreduce(np.full(3, 2.0), op=hvd.Sum, name="sync.during")
+    async_out = hvd.synchronize(h)
+
+    def _check():
+        np.testing.assert_array_equal(sync_out, np.full(3, 2.0 * world))
+        np.testing.assert_array_equal(async_out, np.full(2, world * (world + 1) / 2))
+
+    agree(_check)
+
+
+def test_synchronize_unknown_handle_raises(hvd):
+    def _check():
+        with pytest.raises((ValueError, KeyError)):
+            hvd.synchronize(987654321)
+
+    agree(_check)

@@ -1,0 +1,289 @@
+"""allgather, broadcast, alltoall, reducescatter, barrier, join and the object collectives."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+from horo_mpi_util import (
+    ALL_DTYPES,
+    FLOAT_DTYPES,
+    INT_DTYPES,
+    agree,
+    assert_close,
+    assert_equal_arrays,
+    check,
+    dname,
+    make_array,
+    reduce_ref,
+    scatter_rows,
+    test_comm,
+)
+
+
+# ----------------------------------------------------------------------------------------- allgather
+@pytest.mark.parametrize("dtype", ALL_DTYPES, ids=dname)
+def test_allgather_different_dim0(hvd, world, rank, dtype):
+    inputs = [make_array(20, r, (r + 1, 2, 3), dtype) for r in range(world)]
+    x = inputs[rank].copy()
+    out = hvd.allgather(x, name=f"ag.{dname(dtype)}")
+
+    def _check():
+        assert_equal_arrays(out, np.concatenate(inputs, axis=0), "allgather")
+        np.testing.assert_array_equal(x, inputs[rank], err_msg="allgather modified its input")
+
+    agree(_check)
+
+
+def test_allgather_1d_and_zero_rows(hvd, world, rank):
+    # Rank 0 contributes no rows at all; the others 2 * rank rows.
+    inputs = [np.arange(2 * r, dtype=np.int64) + 100 * r for r in range(world)]
+    out = hvd.allgather(inputs[rank])
+    agree(assert_equal_arrays, out, np.concatenate(inputs), "allgather 1-d with an empty contribution")
+
+
+def test_allgather_non_contiguous(hvd, world, rank):
+    base = np.arange(40, dtype=np.float32).reshape(5, 8) * (rank + 1)
+    view = base[::2, 1::3]
+    out = hvd.allgather(view)
+    expected = np.concatenate([(np.arange(40, dtype=np.float32).reshape(5, 8) * (r + 1))[::2, 1::3]
+                               for r in range(world)])
+    agree(assert_equal_arrays, out, expected, "allgather of a strided view")
+
+
+def test_grouped_allgather(hvd, world, rank):
+    a = [np.full((r + 1, 2), r, dtype=np.float32) for r in range(world)]
+    b = [np.arange(3 * (world - r), dtype=np.int16).reshape(-1, 3) for r in range(world)]
+    outs = hvd.grouped_allgather([a[rank], b[rank]])
+
+    def _check():
+        assert len(outs) == 2
+        assert_equal_arrays(outs[0], np.concatenate(a), "tensor 0")
+        assert_equal_arrays(outs[1], np.concatenate(b), "tensor 1")
+
+    agree(_check)
+
+
+# ----------------------------------------------------------------------------------------- broadcast
+@pytest.mark.parametrize("dtype", ALL_DTYPES, ids=dname)
+def test_broadcast_from_every_root(hvd, world, rank, dtype):
+    for root in range(world):
+        inputs = [make_array(30 + root, r, (2, 3), dtype) for r in range(world)]
+        x = inputs[rank].copy()
+        out = hvd.broadcast(x, root_rank=root, name=f"bc.{dname(dtype)}.{root}")
+        y = inputs[rank].copy()
+        ret = hvd.broadcast_(y, root)
+
+        def _check(root=root, inputs=inputs, x=x, out=out, y=y, ret=ret):
+            assert_equal_arrays(out, inputs[root], f"broadcast from root {root}")
+            np.testing.assert_array_equal(x, inputs[rank], err_msg="out-of-place broadcast modified its input")
+            assert ret is y, "broadcast_ must return the array it was given"
+            assert_equal_arrays(y, inputs[root], f"broadcast_ from root {root}")
+
+        agree(_check)
+
+
+def test_broadcast_scalar_and_strided(hvd, world, rank):
+    root = world - 1
+    s = np.array(rank * 1.5)
+    out = hvd.broadcast(s, root)
+    base = np.zeros((4, 4), dtype=np.int32) + rank
+    view = base[:, 1]
+    hvd.broadcast_(view, root)
+
+    def _check():
+        assert np.shape(out) == () and float(out) == root * 1.5
+        np.testing.assert_array_equal(base[:, 1], np.full(4, root))
+        np.testing.assert_array_equal(base[:, 0], np.full(4, rank), err_msg="wrote outside the view")
+
+    agree(_check)
+
+
+# ----------------------------------------------------------------------------------------- alltoall
+def _rows(src: int, dst: int, count: int, dtype, width: int = 3) -> np.ndarray:
+    """`count` rows that rank `src` sends to rank `dst`, each row recognisable."""
+    vals = np.array([[(src * 7 + dst * 3 + i + j) % 11 for j in range(width)] for i in range(count)])
+    return vals.reshape(count, width).astype(dtype)
+
+
+@pytest.mark.parametrize("dtype", ALL_DTYPES, ids=dname)
+def test_alltoall_even(hvd, world, rank, dtype):
+    send = np.concatenate([_rows(rank, d, 2, dtype) for d in range(world)])
+    out, received = hvd.alltoall(send.copy())
+    expected = np.concatenate([_rows(s, rank, 2, dtype) for s in range(world)])
+
+    def _check():
+        assert_equal_arrays(out, expected, "alltoall without splits")
+        assert list(np.asarray(received).tolist()) == [2] * world, received
+
+    agree(_check)
+
+
+def _splits(src: int, world: int) -> list[int]:
+    return [(src + 2 * d) % 3 for d in range(world)]  # includes zeros
+
+
+@pytest.mark.parametrize("splits_type", ["list", "ndarray"])
+def test_alltoall_with_splits(hvd, world, rank, splits_type):
+    mine = _splits(rank, world)
+    send = np.concatenate([_rows(rank, d, mine[d], np.float64, 4) for d in range(world)])
+    snapshot = send.copy()
+    splits = mine if splits_type == "list" else np.array(mine, dtype=np.int32)
+    out, received = hvd.alltoall(send, splits=splits)
+    expected = np.concatenate([_rows(s, rank, _splits(s, world)[rank], np.float64, 4) for s in range(world)])
+
+    def _check():
+        assert_equal_arrays(out, expected, "alltoall with splits")
+        assert list(np.asarray(received).tolist()) == [_splits(s, world)[rank] for s in range(world)]
+        np.testing.assert_array_equal(send, snapshot, err_msg="alltoall modified its input")
+
+    agree(_check)
+
+
+def test_alltoall_nothing_to_send(hvd, world, rank):
+    # Rank 0 sends nothing to anyone; everyone else sends one row to everyone.
+    splits = [0 if rank == 0 else 1] * world
+    send = np.full((sum(splits), 2), rank, dtype=np.int32)
+    out, received = hvd.alltoall(send, splits=splits)
+    expected = np.concatenate([np.full((0 if s == 0 else 1, 2), s, dtype=np.int32) for s in range(world)])
+
+    def _check():
+        assert_equal_arrays(out, expected)
+        assert list(np.asarray(received).tolist()) == [0] + [1] * (world - 1)
+
+    agree(_check)
+
+
+# ------------------------------------------------------------------------------------- reducescatter
+def _dim0_cases():
+    return [1, 2, 4, 5, 7]
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES + INT_DTYPES, ids=dname)
+@pytest.mark.parametrize("op", ["Sum", "Average"])
+def test_reducescatter_uneven(hvd, world, rank, dtype, op):
+    for dim0 in _dim0_cases():
+        inputs = [make_array(40 + dim0, r, (dim0, 3), dtype, op, world) for r in range(world)]
+        x = inputs[rank].copy()
+        out = hvd.reducescatter(x, op=getattr(hvd, op))
+        start, end = scatter_rows(dim0, world)[rank]
+        expected = reduce_ref(inputs, op)[start:end]
+
+        def _check(x=x, out=out, expected=expected, inputs=inputs, dim0=dim0):
+            np.testing.assert_array_equal(x, inputs[rank], err_msg="reducescatter modified its input")
+            assert_close(out, expected, dtype, world, what=f"reducescatter {op} dim0={dim0}")
+
+        agree(_check)
+
+
+def test_reducescatter_default_is_average(hvd, world, rank):
+    inputs = [make_array(50, r, (2 * world + 1,), np.float64) for r in range(world)]
+    out = hvd.reducescatter(inputs[rank])
+    start, end = scatter_rows(2 * world + 1, world)[rank]
+    agree(assert_close, out, reduce_ref(inputs, "Average")[start:end], np.float64, world)
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=dname)
+def test_reducescatter_scaling(hvd, world, rank, dtype):
+    inputs = [make_array(60, r, (world + 2, 2), dtype) for r in range(world)]
+    out = hvd.reducescatter(inputs[rank], op=hvd.Sum, prescale_factor=0.5, postscale_factor=3.0)
+    start, end = scatter_rows(world + 2, world)[rank]
+    expected = reduce_ref(inputs, "Sum", prescale=0.5, postscale=3.0)[start:end]
+    agree(assert_close, out, expected, dtype, world, 6.0)
+
+
+def test_grouped_reducescatter(hvd, world, rank):
+    a = [make_array(70, r, (world + 1, 2), np.float32) for r in range(world)]
+    b = [make_array(71, r, (3,), np.int32) for r in range(world)]
+    outs = hvd.grouped_reducescatter([a[rank], b[rank]], op=hvd.Sum)
+    ra = scatter_rows(world + 1, world)[rank]
+    rb = scatter_rows(3, world)[rank]
+
+    def _check():
+        assert len(outs) == 2
+        assert_close(outs[0], reduce_ref(a, "Sum")[ra[0]:ra[1]], np.float32, world, what="tensor 0")
+        assert_close(outs[1], reduce_ref(b, "Sum")[rb[0]:rb[1]], np.int32, world, what="tensor 1")
+
+    agree(_check)
+
+
+# ------------------------------------------------------------------------------------ barrier / join
+def test_barrier_waits_for_everyone(hvd, world, rank):
+    comm = test_comm()
+    comm.Barrier()
+    time.sleep(0.15 * rank)
+    entered = time.time()
+    ret = hvd.barrier()
+    left = time.time()
+    entries = comm.allgather(entered)
+    check(ret is None, f"barrier returned {ret!r}")
+    check(left >= max(entries) - 0.01, f"rank {rank} left the barrier at {left} before the last entry "
+          f"{max(entries)}")
+
+
+def test_join_returns_last_rank(hvd, world, rank):
+    test_comm().Barrier()
+    time.sleep(0.3 * rank)
+    last = hvd.join()
+    lasts = test_comm().allgather(last)
+
+    def _check():
+        assert all(isinstance(v, (int, np.integer)) for v in lasts), lasts
+        assert len(set(int(v) for v in lasts)) == 1, f"ranks disagree on the last joined rank: {lasts}"
+        assert int(last) == world - 1, f"join() returned {last}, expected the last rank to join ({world - 1})"
+
+    agree(_check)
+    # The runtime still works after join.
+    out = hvd.allreduce(np.ones(3), op=hvd.Sum)
+    agree(np.testing.assert_array_equal, out, np.full(3, float(world)))
+
+
+# -------------------------------------------------------------------------------------- objects
+def _obj(r: int):
+    return {"rank": r, "name": f"r{r}", "nested": [r, (r, "x"), {"k": r * 1.5}], "arr": np.arange(r + 1)}
+
+
+def _same_obj(a, b) -> bool:
+    if isinstance(a, dict):
+        return isinstance(b, dict) and a.keys() == b.keys() and all(_same_obj(a[k], b[k]) for k in a)
+    if isinstance(a, np.ndarray):
+        return isinstance(b, np.ndarray) and np.array_equal(a, b) and a.dtype == b.dtype
+    if isinstance(a, (list, tuple)):
+        return type(a) is type(b) and len(a) == len(b) and all(_same_obj(x, y) for x, y in zip(a, b))
+    return a == b
+
+
+def test_broadcast_object_from_every_root(hvd, world, rank):
+    results = {root: hvd.broadcast_object(_obj(rank), root_rank=root) for root in range(world)}
+    default = hvd.broadcast_object(_obj(rank))
+
+    def _check():
+        for root, got in results.items():
+            assert _same_obj(got, _obj(root)), (root, got)
+        assert _same_obj(default, _obj(0)), default
+
+    agree(_check)
+
+
+def test_broadcast_object_none_and_large(hvd, world, rank):
+    got_none = hvd.broadcast_object(None if rank == 0 else "not me", root_rank=0)
+    big = {"blob": b"x" * (3 << 20), "rank": rank}
+    got_big = hvd.broadcast_object(big, root_rank=world - 1)
+
+    def _check():
+        assert got_none is None
+        assert got_big["rank"] == world - 1 and got_big["blob"] == b"x" * (3 << 20)
+
+    agree(_check)
+
+
+def test_allgather_object(hvd, world, rank):
+    got = hvd.allgather_object(_obj(rank), name="objs")
+
+    def _check():
+        assert isinstance(got, list) and len(got) == world
+        for r in range(world):
+            assert _same_obj(got[r], _obj(r)), (r, got[r])
+
+    agree(_check)
