@@ -105,7 +105,7 @@ def allgather_async(tensor: Any, name: str | None = None, process_set: ProcessSe
     need_dim(arr, what)
     name = name_arg(name, what) or auto_name("allgather")
     send = np.ascontiguousarray(arr)
-    sig = (("collective", "allgather"), ("name", name), ("dtype", str(arr.dtype)), ("shape[1:]", arr.shape[1:]))
+    sig = (("collective", "allgather"), ("name", name), ("dtype", arr.dtype), ("shape[1:]", arr.shape[1:]))
 
     def run(comm: Any) -> np.ndarray:
         counts = np.empty(comm.Get_size(), dtype=np.int64)
@@ -154,7 +154,7 @@ def alltoall_async(tensor: Any, splits: Any = None, name: str | None = None,
     s = splits_arg(splits, arr, ps.size(), what)
     name = name_arg(name, what) or auto_name("alltoall")
     send = np.ascontiguousarray(arr)
-    sig = (("collective", "alltoall"), ("name", name), ("dtype", str(arr.dtype)), ("shape[1:]", arr.shape[1:]))
+    sig = (("collective", "alltoall"), ("name", name), ("dtype", arr.dtype), ("shape[1:]", arr.shape[1:]))
     return submit(ps.engine, Request(name, sig, lambda comm: mpi_ops.alltoall(comm, send, s)))
 
 
@@ -168,6 +168,6 @@ def reducescatter_async(tensor: Any, op: Any = Average, name: str | None = None,
     rop, pre, post = reduce_args(arr, op, None, prescale_factor, postscale_factor, what, allowed=(Sum, Average))
     name = name_arg(name, what) or auto_name("reducescatter")
     send = np.ascontiguousarray(arr)
-    sig = (("collective", "reducescatter"), ("name", name), ("dtype", str(arr.dtype)), ("shape", arr.shape),
-           ("op", rop.value), ("prescale_factor", pre), ("postscale_factor", post))
+    sig = (("collective", "reducescatter"), ("name", name), ("dtype", arr.dtype), ("shape", arr.shape),
+           ("op", rop), ("prescale_factor", pre), ("postscale_factor", post))
     return submit(ps.engine, Request(name, sig, lambda comm: mpi_ops.reducescatter(comm, send, rop, pre, post)))

@@ -28,6 +28,8 @@ def name_arg(name: Any, what: str) -> str | None:
 
 
 def scale_arg(value: Any, arg: str, what: str) -> float:
+    if type(value) is float:  # the common case, without the slower ABC check
+        return value
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise TypeError(f"{what}: {arg} must be a real number. Received: {arg}={value!r}.")
     return float(value)

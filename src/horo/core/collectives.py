@@ -16,7 +16,7 @@ from . import mpi_ops
 from .checks import host, name_arg, need_dim, reduce_args, root_arg, splits_arg
 from .errors import MismatchError
 from .negotiation import JOIN, Signature, agree, exchange, format_mismatch, joinable
-from .ops import Average, ReduceOp, Sum
+from .ops import Average, Sum
 from .process_sets import ProcessSet, resolve
 
 __all__ = [
@@ -27,15 +27,15 @@ __all__ = [
 
 
 def allreduce_sig(arr: np.ndarray, name: str | None, op: ReduceOp, pre: float, post: float) -> Signature:
-    return (("collective", "allreduce"), ("name", name), ("dtype", str(arr.dtype)), ("shape", arr.shape),
-            ("op", op.value), ("prescale_factor", pre), ("postscale_factor", post))
+    return (("collective", "allreduce"), ("name", name), ("dtype", arr.dtype), ("shape", arr.shape),
+            ("op", op), ("prescale_factor", pre), ("postscale_factor", post))
 
 
 def grouped_sig(arrs: Sequence[np.ndarray], name: str | None, op: ReduceOp, pre: float,
                 post: float) -> Signature:
     return (("collective", "grouped_allreduce"), ("name", name),
-            ("dtypes", tuple(str(a.dtype) for a in arrs)), ("shapes", tuple(a.shape for a in arrs)),
-            ("op", op.value), ("prescale_factor", pre), ("postscale_factor", post))
+            ("dtypes", tuple(a.dtype for a in arrs)), ("shapes", tuple(a.shape for a in arrs)),
+            ("op", op), ("prescale_factor", pre), ("postscale_factor", post))
 
 
 def allreduce(tensor: Any, average: bool | None = None, name: str | None = None, op: Any = None,
@@ -47,8 +47,8 @@ def allreduce(tensor: Any, average: bool | None = None, name: str | None = None,
     arr = host(tensor, what)
     rop, pre, post = reduce_args(arr, op, average, prescale_factor, postscale_factor, what)
     agree(ps.comm, allreduce_sig(arr, name_arg(name, what), rop, pre, post), ranks=ps.ranks)
-    send = np.ascontiguousarray(arr)
-    return mpi_ops.allreduce_into(ps.comm, send, np.empty_like(send), rop, pre, post)
+    send = arr if arr.flags.c_contiguous else np.ascontiguousarray(arr)
+    return mpi_ops.allreduce_into(ps.comm, send, np.empty(send.shape, send.dtype), rop, pre, post)
 
 
 def allreduce_(tensor: np.ndarray, average: bool | None = None, name: str | None = None, op: Any = None,
@@ -136,10 +136,10 @@ def allgather(tensor: Any, name: str | None = None, process_set: ProcessSet | No
     ps = resolve(process_set, what)
     arr = host(tensor, what)
     need_dim(arr, what)
-    sig = (("collective", "allgather"), ("name", name_arg(name, what)), ("dtype", str(arr.dtype)),
+    sig = (("collective", "allgather"), ("name", name_arg(name, what)), ("dtype", arr.dtype),
            ("shape[1:]", arr.shape[1:]))
     counts = agree(ps.comm, sig, payload=arr.shape[0], ranks=ps.ranks)
-    return mpi_ops.allgather(ps.comm, np.ascontiguousarray(arr), counts)
+    return mpi_ops.allgather(ps.comm, np.ascontiguousarray(arr), np.array(counts, dtype=np.int64))
 
 
 def grouped_allgather(tensors: Sequence[Any], name: str | None = None,
@@ -149,7 +149,7 @@ def grouped_allgather(tensors: Sequence[Any], name: str | None = None,
 
 
 def _broadcast_sig(arr: np.ndarray, root: int, name: str | None) -> Signature:
-    return (("collective", "broadcast"), ("name", name), ("dtype", str(arr.dtype)), ("shape", arr.shape),
+    return (("collective", "broadcast"), ("name", name), ("dtype", arr.dtype), ("shape", arr.shape),
             ("root_rank", root))
 
 
@@ -188,7 +188,7 @@ def alltoall(tensor: Any, splits: Any = None, name: str | None = None,
     arr = host(tensor, what)
     need_dim(arr, what)
     s = splits_arg(splits, arr, ps.size(), what)
-    sig = (("collective", "alltoall"), ("name", name_arg(name, what)), ("dtype", str(arr.dtype)),
+    sig = (("collective", "alltoall"), ("name", name_arg(name, what)), ("dtype", arr.dtype),
            ("shape[1:]", arr.shape[1:]))
     agree(ps.comm, sig, ranks=ps.ranks)
     return mpi_ops.alltoall(ps.comm, np.ascontiguousarray(arr), s)
@@ -203,8 +203,8 @@ def reducescatter(tensor: Any, op: Any = Average, name: str | None = None,
     arr = host(tensor, what)
     need_dim(arr, what)
     rop, pre, post = reduce_args(arr, op, None, prescale_factor, postscale_factor, what, allowed=(Sum, Average))
-    sig = (("collective", "reducescatter"), ("name", name_arg(name, what)), ("dtype", str(arr.dtype)),
-           ("shape", arr.shape), ("op", rop.value), ("prescale_factor", pre), ("postscale_factor", post))
+    sig = (("collective", "reducescatter"), ("name", name_arg(name, what)), ("dtype", arr.dtype),
+           ("shape", arr.shape), ("op", rop), ("prescale_factor", pre), ("postscale_factor", post))
     agree(ps.comm, sig, ranks=ps.ranks)
     return mpi_ops.reducescatter(ps.comm, np.ascontiguousarray(arr), rop, pre, post)
 
@@ -244,22 +244,14 @@ def join() -> int:
 
 
 def _contribute_zeros(comm: Any, fields: dict[str, Any]) -> None:
-    op = ReduceOp(fields["op"])
+    op = fields["op"]
     pre, post = fields["prescale_factor"], fields["postscale_factor"]
     if fields["collective"] == "allreduce":
-        zeros = np.zeros(fields["shape"], dtype=_dtype(fields["dtype"]))
+        zeros = np.zeros(fields["shape"], dtype=fields["dtype"])
         mpi_ops.allreduce_into(comm, zeros, zeros, op, pre, post)
     else:
-        arrs = [np.zeros(s, dtype=_dtype(d)) for s, d in zip(fields["shapes"], fields["dtypes"])]
+        arrs = [np.zeros(s, dtype=d) for s, d in zip(fields["shapes"], fields["dtypes"])]
         reduce_group(comm, arrs, op, pre, post)
-
-
-def _dtype(name: str) -> np.dtype:
-    if name == "bfloat16":
-        from .dtypes import BFLOAT16
-
-        return BFLOAT16  # type: ignore[return-value]
-    return np.dtype(name)
 
 
 def broadcast_object(obj: Any, root_rank: int = 0, name: str | None = None,

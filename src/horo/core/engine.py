@@ -85,6 +85,8 @@ class Engine:
         self.capacity = int(_env_float("HORO_CACHE_CAPACITY", 1024))
         self.threshold = int(_env_float("HORO_FUSION_THRESHOLD", 8 * 1024 * 1024))
         self.idle_s = _env_float("HORO_CYCLE_TIME", 2.0) / 1000.0
+        self.busy_cap_s = min(self.idle_s, 2e-4)
+        self.spin = 200
         self.stall_check_s = _env_float("HORO_STALL_CHECK_TIME_SECONDS", 60.0)
         self.stall_shutdown_s = _env_float("HORO_STALL_SHUTDOWN_TIME_SECONDS", 0.0)
         self.first_seen: dict[str, float] = {}
@@ -146,11 +148,23 @@ class Engine:
         for r in reqs:
             r.finish(error=err)
 
-    def _wait(self, mpi_req: Any, busy: bool) -> None:
-        delay = 2e-5
-        cap = 1e-3 if busy else self.idle_s
+    def _wait(self, mpi_req: Any) -> None:
+        """Poll a round to completion without burning a core while peers compute.
+
+        A few quick polls first (peers usually arrive together), then exponential back-off; while
+        this rank has work pending the back-off stays short, and a new submission cuts it off.
+        """
+        for _ in range(self.spin):
+            if mpi_req.Test():
+                return
+            time.sleep(0)
+        delay = 5e-5
         while not mpi_req.Test():
-            time.sleep(delay)
+            with self.cv:
+                cap = self.busy_cap_s if self.pending else self.idle_s
+                if self.cv.wait(timeout=delay):
+                    delay = 5e-5
+                    continue
             delay = min(delay * 2, cap)
 
     def _round(self) -> bool:
@@ -174,7 +188,7 @@ class Engine:
             hdr[_HDR:] = np.packbits(bits, bitorder="little").view(np.int64)
         hdr[0] = (_SHUTDOWN if shutting else 0) | (_UNCACHED if uncached else 0) | (_STALLED if self.stall_flag else 0)
         recv = np.empty((self.n, _HDR + words), dtype=np.int64)
-        self._wait(self.comm.Iallgather(hdr, recv), busy=bool(snapshot))
+        self._wait(self.comm.Iallgather(hdr, recv))
         flags = recv[:, 0]
         gathered = self.comm.allgather(uncached) if (flags & _UNCACHED).any() else None
         if (flags & _STALLED).any():

@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from .errors import MismatchError
+from .ops import Average, Sum
 
 __all__ = ["Signature", "JOIN", "agree", "exchange", "format_mismatch", "joinable"]
 
@@ -32,32 +33,52 @@ def _hash(sig: Signature) -> int:
     if h is None:
         if len(_HASHES) >= _CACHE_LIMIT:  # unbounded unique names must not grow memory
             _HASHES.clear()
-        digest = hashlib.blake2b(repr(sig).encode(), digest_size=8).digest()
+        digest = hashlib.blake2b(_canonical(sig).encode(), digest_size=8).digest()
         h = _HASHES[sig] = int.from_bytes(digest, "little", signed=True)
     return h
 
 
-def exchange(comm: Any, sig: Signature, payload: int = 0) -> tuple[np.ndarray, list[Signature] | None]:
+_BUFFERS: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+
+
+def _buffers(comm: Any) -> tuple[np.ndarray, np.ndarray]:
+    # Reused per communicator: this runs before every synchronous collective.
+    key = comm.py2f()
+    bufs = _BUFFERS.get(key)
+    if bufs is None or bufs[1].shape[0] != 2 * comm.Get_size():
+        bufs = _BUFFERS[key] = (np.empty(2, dtype=np.int64), np.empty(2 * comm.Get_size(), dtype=np.int64))
+    return bufs
+
+
+def _canonical(sig: Signature) -> str:
+    # repr() of a dtype or an enum is stable across processes, unlike hash(); str keeps it short.
+    return repr(tuple((k, str(v) if isinstance(v, np.dtype) else v) for k, v in sig))
+
+
+def exchange(comm: Any, sig: Signature, payload: int = 0) -> tuple[list[int], list[Signature] | None]:
     """Allgather (hash, payload); on disagreement also allgather the full signatures.
 
     Returns:
         The per-rank payloads, and the per-rank signatures when they differ (else None).
     """
     h = _hash(sig)
-    send = np.array([h, payload], dtype=np.int64)
-    recv = np.empty((comm.Get_size(), 2), dtype=np.int64)
+    send, recv = _buffers(comm)
+    send[0] = h
+    send[1] = payload
     comm.Allgather(send, recv)
-    if (recv[:, 0] == h).all():
-        return recv[:, 1], None
-    return recv[:, 1], comm.allgather(sig)
+    values = recv.tolist()
+    payloads = values[1::2]
+    if values[0::2].count(h) == len(payloads):
+        return payloads, None
+    return payloads, comm.allgather(sig)
 
 
 def joinable(sig: Signature) -> bool:
     fields = dict(sig)
-    return fields.get("collective") in ("allreduce", "grouped_allreduce") and fields.get("op") in ("Sum", "Average")
+    return fields.get("collective") in ("allreduce", "grouped_allreduce") and fields.get("op") in (Sum, Average)
 
 
-def agree(comm: Any, sig: Signature, payload: int = 0, ranks: list[int] | None = None) -> np.ndarray:
+def agree(comm: Any, sig: Signature, payload: int = 0, ranks: list[int] | None = None) -> list[int]:
     """Check that every rank of ``comm`` calls the same collective; return the per-rank payloads.
 
     Args:
@@ -79,7 +100,11 @@ def agree(comm: Any, sig: Signature, payload: int = 0, ranks: list[int] | None =
 
 
 def _fmt(value: Any) -> str:
-    return value if isinstance(value, str) else repr(value)
+    if isinstance(value, (str, np.dtype)):
+        return str(value)
+    if isinstance(value, tuple) and value and all(isinstance(v, np.dtype) for v in value):
+        return "(" + ", ".join(str(v) for v in value) + ")"
+    return repr(value)
 
 
 def format_mismatch(sigs: list[Signature], ranks: list[int] | None = None) -> str:

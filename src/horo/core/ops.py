@@ -37,6 +37,8 @@ def resolve_op(op: object = None, average: object = None, default: ReduceOp = Av
     Raises:
         ValueError: both given, or an unknown op.
     """
+    if average is None and op.__class__ is ReduceOp and op is not Adasum:
+        return op  # the common case first: this runs on every collective
     if average is not None:
         if op is not None:
             raise ValueError(

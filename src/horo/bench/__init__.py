@@ -1,0 +1,30 @@
+"""Benchmarks: ``python -m horo.bench NAME [args]`` (run under ``hororun -np N``).
+
+Each benchmark is a module ``horo.bench.NAME`` with ``main(argv) -> int``:
+
+- ``allreduce``: horo.allreduce (out-of-place, in-place, async) vs raw mpi4py ``Allreduce``, 4 B .. 64 MiB.
+- ``fusion``: a ResNet-50 gradient set through the engine vs raw MPI, torch.distributed (gloo) and
+  grouped_allreduce; ``--sweep`` tries several fusion thresholds.
+- ``keras``, ``lightning``: end-to-end training throughput with the framework facades.
+
+All of them interleave the variants they compare inside one run, repeat, and report medians, so that a
+noisy (shared) machine slows every variant alike.
+"""
+
+from __future__ import annotations
+
+import os
+
+# One compute thread per rank: N ranks already share the cores. Set before torch / TF are imported.
+for _var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
+    os.environ.setdefault(_var, "1")
+
+#: name -> one-line description, for ``python -m horo.bench --help``.
+BENCHES: dict[str, str] = {
+    "allreduce": "horo.allreduce vs raw mpi4py Allreduce over message sizes (latency, algbw, busbw)",
+    "fusion": "ResNet-50 gradient set: engine fusion vs raw MPI, gloo and grouped_allreduce",
+    "keras": "Keras training throughput with horo.keras",
+    "lightning": "PyTorch Lightning training throughput with horo.lightning",
+}
+
+__all__ = ["BENCHES"]

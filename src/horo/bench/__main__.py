@@ -1,0 +1,59 @@
+"""``python -m horo.bench NAME [args]``: run benchmark ``horo.bench.NAME``; see ``horo.bench``."""
+
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+
+from horo.bench import BENCHES
+
+_RANK_VARS = ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "SLURM_PROCID")
+
+
+def _is_rank0() -> bool:
+    """Whether this process should print launcher-level messages (decided without initialising MPI)."""
+    for var in _RANK_VARS:
+        if var in os.environ:
+            return os.environ[var] == "0"
+    return True
+
+
+def _usage() -> str:
+    width = max(len(n) for n in BENCHES)
+    lines = "\n".join(f"  {name:<{width}}  {what}" for name, what in BENCHES.items())
+    return (
+        "usage: hororun -np N python -m horo.bench NAME [args]   (NAME --help for its options)\n\n"
+        f"benchmarks:\n{lines}\n"
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help", "help"):
+        if _is_rank0():
+            print(_usage(), end="")
+        return 0 if argv else 2
+    name, rest = argv[0], argv[1:]
+    if name not in BENCHES:
+        if _is_rank0():
+            print(f"horo.bench: unknown benchmark. Received: NAME={name!r}. "
+                  f"HINT: choose one of {', '.join(BENCHES)}.\n\n{_usage()}", end="", file=sys.stderr)
+        return 2
+    try:
+        module = importlib.import_module(f"horo.bench.{name}")
+    except ModuleNotFoundError as exc:
+        if _is_rank0():
+            missing = exc.name or "?"
+            if missing == f"horo.bench.{name}":
+                why = f"the module horo.bench.{name} is not part of this installation"
+            else:
+                why = f"it needs the package {missing!r}, which is not installed"
+            print(f"horo.bench: cannot run benchmark {name!r}: {why}. HINT: install horo's extras "
+                  "(pip install 'horo[keras]' or 'horo[lightning]').", file=sys.stderr)
+        return 2
+    return int(module.main(rest) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

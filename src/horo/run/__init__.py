@@ -1,0 +1,110 @@
+"""``hororun``: launch a horo job on N processes by driving the real ``mpiexec``.
+
+Usage: ``hororun -np N [-H host1:2,host2:2 | --hostfile F] [--timeline-filename F] [--tag-output]
+[--verbose] [--mpiexec PATH] python train.py ...``; also ``python -m horo.run``. Process management is
+mpiexec's; hororun adds Horovod's flags, a hook that makes a failing rank end the whole job fast, and
+clean-up so no rank outlives the job.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import sys
+import tempfile
+from pathlib import Path
+
+from horo.run.args import UsageError, parse_args
+from horo.run.hosts import HostParseError, any_remote, parse_hostfile, parse_hosts_arg, to_hydra_hostfile
+from horo.run.hosts import to_openmpi_hostfile
+from horo.run.mpiexec import OPENMPI, LaunchPlan, MpiexecError, build_command, detect_flavor, find_mpiexec
+
+__all__ = ["main", "RANK_HOOK_DIR"]
+
+#: Put on every rank's PYTHONPATH; its sitecustomize makes a failing rank end the job (see there).
+RANK_HOOK_DIR = str(Path(__file__).resolve().parent / "rank_hook")
+
+
+def _usage_error(message: str) -> int:
+    print(f"hororun: error: {message}", file=sys.stderr)
+    return 2
+
+
+def _rank_env(base: dict[str, str], timeline: str | None) -> dict[str, str]:
+    """The variables hororun adds or changes for the ranks."""
+    path = base.get("PYTHONPATH")
+    extra = {"PYTHONPATH": RANK_HOOK_DIR + (os.pathsep + path if path else "")}
+    if timeline is not None:
+        # Absolute, so every rank writes where the user meant even if it starts in another directory.
+        extra["HORO_TIMELINE"] = os.path.abspath(timeline)
+    return extra
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run ``hororun`` with ``argv`` (default ``sys.argv[1:]``); returns the exit status.
+
+    The status is mpiexec's: 0, or the exit code of the rank that failed (2 for a bad command line).
+    """
+    argv = sys.argv[1:] if argv is None else list(argv)
+    try:
+        ns = parse_args(argv)
+    except UsageError as exc:
+        return _usage_error(str(exc))
+    except SystemExit as exc:  # --help
+        return exc.code if isinstance(exc.code, int) else 0
+    if ns.check_build:
+        from horo.run.check_build import check_build
+
+        print(check_build())
+        return 0
+
+    try:
+        mpiexec = find_mpiexec(ns.mpiexec)
+        hosts = parse_hosts_arg(ns.hosts) if ns.hosts else None
+        if ns.hostfile:
+            try:
+                text = Path(ns.hostfile).read_text()
+            except OSError as exc:
+                raise HostParseError(
+                    f"cannot read the hostfile ({exc.strerror}). Received: --hostfile={ns.hostfile!r}. "
+                    "HINT: give an existing file with one 'host slots=N' per line."
+                ) from None
+            file_hosts = parse_hostfile(text, source=ns.hostfile)
+        else:
+            file_hosts = None
+    except (MpiexecError, HostParseError) as exc:
+        return _usage_error(str(exc))
+
+    flavor = detect_flavor(mpiexec)
+    extra = _rank_env(dict(os.environ), ns.timeline)
+    env = {**os.environ, **extra}
+    genv: dict[str, str] = {}
+    if "HORO_TIMELINE" in extra:
+        genv["HORO_TIMELINE"] = extra["HORO_TIMELINE"]
+    if flavor == OPENMPI or any_remote(hosts or file_hosts):
+        # Local ranks inherit mpiexec's environment; ranks on other hosts get only what is named here
+        # (Open MPI forwards nothing by default).
+        genv.update({k: v for k, v in env.items() if k.startswith("HORO_")})
+        genv["PYTHONPATH"] = env["PYTHONPATH"]
+
+    with tempfile.TemporaryDirectory(prefix="hororun-") as tmp:
+        hostfile = None
+        if file_hosts is not None:
+            # Hydra does not read Horovod's "host slots=N" lines: rewrite them in the launcher's format.
+            hostfile = os.path.join(tmp, "hostfile")
+            render = to_openmpi_hostfile if flavor == OPENMPI else to_hydra_hostfile
+            Path(hostfile).write_text(render(file_hosts))
+        plan = LaunchPlan(mpiexec=mpiexec, np=ns.np, command=ns.command, flavor=flavor, hosts=hosts,
+                          hostfile=hostfile, genv=genv, tag_output=ns.tag_output)
+        cmd = build_command(plan)
+        if ns.verbose:
+            env_text = " ".join(f"{k}={shlex.quote(v)}" for k, v in extra.items())
+            print(f"hororun: {flavor} launcher; ranks get {env_text}", file=sys.stderr)
+            print(f"hororun: {shlex.join(cmd)}", file=sys.stderr, flush=True)
+        from horo.run.launch import run_job
+
+        try:
+            return run_job(cmd, env)
+        except OSError as exc:
+            print(f"hororun: error: cannot start {mpiexec}: {exc}", file=sys.stderr)
+            return 127
