@@ -117,7 +117,7 @@ def format_mismatch(sigs: list[Signature], ranks: list[int] | None = None) -> st
     differing = [f for f in fields if len({repr(d.get(f)) for d in dicts}) > 1]
     if "collective" in differing:  # different calls: show what each rank was doing
         differing = ["collective"] + [f for f in ("name",) if f in differing]
-    what = dicts[0].get("collective", "collective")
+    what = "horo" if "collective" in differing else f"horo.{dicts[0].get('collective', 'collective')}"
     parts = []
     for r, d in zip(ranks, dicts):
         shown = ", ".join(f"{f}={_fmt(d.get(f, '<none>'))}" for f in differing)
@@ -128,7 +128,7 @@ def format_mismatch(sigs: list[Signature], ranks: list[int] | None = None) -> st
         if joined else ""
     )
     return (
-        f"horo.{what}: ranks disagree on {', '.join(differing)}: " + "; ".join(parts) + "."
+        f"{what}: ranks disagree on {', '.join(differing)}: " + "; ".join(parts) + "."
         + hint + " HINT: every rank of a process set must call the same collectives in the same order with"
         " the same dtype, shape, op, root and scale factors."
     )

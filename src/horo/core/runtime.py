@@ -98,16 +98,25 @@ def _abort_on_uncaught(exc_type: type[BaseException], exc: BaseException, tb: An
 def _shutdown_at_exit() -> None:
     try:
         shutdown()
-    except Exception as exc:  # noqa: BLE001 - report, do not hide the interpreter's own exit status
+    except Exception as exc:  # noqa: BLE001 - report, then make sure no peer waits for us forever
         sys.stderr.write(f"horo: error during shutdown at exit: {exc}\n")
+        sys.stderr.flush()
+        if state.world is not None and state.world.Get_size() > 1:
+            from mpi4py import MPI
+
+            MPI.COMM_WORLD.Abort(1)
 
 
 def shutdown() -> None:
     """Stop the engines and free horo's communicators. ``init()`` may be called again afterwards."""
     if not state.initialized:
         return
+    from .negotiation import agree
     from .timeline import timeline
 
+    if state.fatal is None:
+        # A rank still issuing collectives meets this one here and both raise, instead of hanging.
+        agree(state.world, (("collective", "shutdown"),), ranks=global_process_set.ranks)
     try:
         for ps in sorted(state.process_sets.values(), key=lambda p: -int(p.process_set_id or 0)):
             release(ps)
