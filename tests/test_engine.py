@@ -76,3 +76,11 @@ def test_memory_flat_over_thousands_of_steps() -> None:
     res = launch(2, "engine_memory.py", "3000", timeout=170)
     assert res.returncode == 0, res.stdout
     assert res.stdout.count("growth_kb=") == 2, res.stdout
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("n", [2, 3])
+def test_join_with_uneven_data(n: int) -> None:
+    res = launch(n, "join_uneven.py")
+    assert res.returncode == 0, res.stdout
+    assert res.stdout.count(f"last={n - 1}") == n, res.stdout

@@ -230,12 +230,18 @@ def join() -> int:
         The rank that joined last.
     """
     ps = resolve(None, "horo.join")
+    import threading
+
+    # The engine serves the other ranks' async allreduces meanwhile; this thread serves synchronous ones.
+    engine_join = threading.Thread(target=ps.engine.join, name="horo-join", daemon=True)
+    engine_join.start()
     fresh = 1
     while True:
         payloads, sigs = exchange(ps.comm, JOIN, payload=fresh)
         fresh = 0
         if sigs is None:
             late = [r for r in range(ps.size()) if payloads[r] == 1]
+            engine_join.join()
             return ps.ranks[max(late)] if late else ps.ranks[-1]
         active = [s for s in sigs if s != JOIN]
         if not (all(s == active[0] for s in active) and joinable(active[0])):

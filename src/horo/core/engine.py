@@ -27,13 +27,13 @@ import numpy as np
 
 from . import mpi_ops
 from .errors import HoroError, HoroInternalError, MismatchError, StallError
-from .negotiation import Signature, format_mismatch
+from .negotiation import JOIN, Signature, format_mismatch, joinable
 from .ops import ReduceOp
 from .timeline import timeline
 
 __all__ = ["Engine", "Request", "submit", "poll", "synchronize", "auto_name"]
 
-_SHUTDOWN, _UNCACHED, _STALLED = 1, 2, 4
+_SHUTDOWN, _UNCACHED, _STALLED, _JOINED = 1, 2, 4, 8
 _HDR = 1
 _AUTO = ".noname."
 
@@ -90,11 +90,15 @@ class Engine:
         self.stall_check_s = _env_float("HORO_STALL_CHECK_TIME_SECONDS", 60.0)
         self.stall_shutdown_s = _env_float("HORO_STALL_SHUTDOWN_TIME_SECONDS", 0.0)
         self.first_seen: dict[str, float] = {}
+        self.sig_of: dict[str, Signature] = {}  # agreed signatures of names run this round
         self.first_round: dict[str, dict[int, int]] = {}
         self.warned: set[str] = set()
         self.stall_flag = False
         self.round_no = 0
         self.shutdown_requested = False
+        self.joined = False  # this rank is inside horo.join(): contribute zeros to others' allreduces
+        self.join_done = threading.Event()
+        self.absent: set[int] = set()  # joined ranks in the current round
         self.error: BaseException | None = None
         self._fusion: dict[np.dtype, np.ndarray] = {}
         self.thread = threading.Thread(target=self._main, name=f"horo-engine-{ranks[:4]}", daemon=True)
@@ -117,6 +121,16 @@ class Engine:
             req.engine = self
             self.pending[req.name] = req
             self.cv.notify()
+
+    def join(self) -> None:
+        """Contribute zeros to the other ranks' async allreduces until every rank has joined."""
+        self.join_done.clear()
+        with self.cv:
+            self.joined = True
+            self.cv.notify()
+        while not self.join_done.wait(0.5):
+            if not self.thread.is_alive():
+                raise self.error or HoroInternalError("horo's engine stopped during join().")
 
     def stop(self) -> None:
         """Agree with the other ranks to stop; waits until all of them have asked for it."""
@@ -186,10 +200,16 @@ class Engine:
                 uncached.append((req.name, req.sig))
         if words:
             hdr[_HDR:] = np.packbits(bits, bitorder="little").view(np.int64)
-        hdr[0] = (_SHUTDOWN if shutting else 0) | (_UNCACHED if uncached else 0) | (_STALLED if self.stall_flag else 0)
+        hdr[0] = ((_SHUTDOWN if shutting else 0) | (_UNCACHED if uncached else 0)
+                  | (_STALLED if self.stall_flag else 0) | (_JOINED if self.joined else 0))
         recv = np.empty((self.n, _HDR + words), dtype=np.int64)
         self._wait(self.comm.Iallgather(hdr, recv))
         flags = recv[:, 0]
+        self.absent = set(np.nonzero(flags & _JOINED)[0].tolist())
+        if len(self.absent) == self.n:  # everyone has joined: leave join mode in this same round everywhere
+            self.joined = False
+            self.absent = set()
+            self.join_done.set()
         gathered = self.comm.allgather(uncached) if (flags & _UNCACHED).any() else None
         if (flags & _STALLED).any():
             raise StallError(self._stall_message(stopping=True))
@@ -222,7 +242,7 @@ class Engine:
             counts = per_rank.sum(axis=0)
             for bit in np.nonzero(counts)[0].tolist():
                 holders[bit] = set(np.nonzero(per_rank[:, bit])[0].tolist())
-                if counts[bit] == self.n:
+                if counts[bit] + len(self.absent - holders[bit]) == self.n:
                     ready_bits.append(bit)
         reports: dict[str, dict[int, Signature]] = {}
         for r, lst in enumerate(gathered or ()):
@@ -238,10 +258,16 @@ class Engine:
                     sigs.setdefault(r, self.cache_sigs[bit])
                 if bit in ready_bits:
                     ready_bits.remove(bit)
-            if len(sigs) < self.n:
+            if len(sigs) + len(self.absent - set(sigs)) < self.n:
                 partial[name] = set(sigs)
                 continue
-            ordered = [sigs[r] for r in range(self.n)]
+            present = [sigs[r] for r in sorted(sigs)]
+            ordered = [sigs.get(r, JOIN) for r in range(self.n)]
+            if len(present) < self.n and not (all(x == present[0] for x in present) and joinable(present[0])):
+                mismatched.append((name, ordered))
+                continue
+            self.sig_of[name] = present[0]
+            ordered = [sigs.get(r, present[0]) for r in range(self.n)]
             if any(s != ordered[0] for s in ordered):
                 mismatched.append((name, ordered))
                 continue
@@ -261,10 +287,27 @@ class Engine:
 
     def _take(self, names: list[str]) -> list[Request]:
         with self.cv:
-            return [self.pending.pop(n) for n in names]
+            reqs = [self.pending.pop(n, None) for n in names]
+        # A joined rank has no request of its own: it contributes zeros of the agreed signature.
+        return [r if r is not None else self._zeros(n) for r, n in zip(reqs, names)]
+
+    def _zeros(self, name: str) -> Request:
+        bit = self.cache.get(name)
+        sig = self.cache_sigs[bit] if bit is not None else self.sig_of[name]
+        f = dict(sig)
+        if f["collective"] == "allreduce":
+            z = np.zeros(f["shape"], dtype=f["dtype"])
+            return Request(name, sig, send=z, out=z, op=f["op"], pre=f["prescale_factor"],
+                           post=f["postscale_factor"])
+        from .collectives import reduce_group
+
+        arrs = [np.zeros(shape, dtype=d) for shape, d in zip(f["shapes"], f["dtypes"])]
+        return Request(name, sig, lambda comm: reduce_group(comm, arrs, f["op"], f["prescale_factor"],
+                                                            f["postscale_factor"]))
 
     def _execute(self, names: list[str]) -> None:
         reqs = self._take(names)
+        self.sig_of.clear()
         t_ready = timeline.now_us()
         batch: list[Request] = []
         batch_bytes = 0
