@@ -78,9 +78,9 @@ def run_mpi_pytest(n: int, logdir: Path, extra_args: list[str] | None = None,
     args = [
         mpiexec, "-n", str(n),
         sys.executable, "-m", "pytest", str(test_path),
-        "-q", "-rfE", "-p", "no:cacheprovider", "-p", "_mpi_rank_plugin",
+        "-q", "-rfE", "--tb=short", "-p", "no:cacheprovider", "-p", "_mpi_rank_plugin",
         f"--timeout={RANK_TEST_TIMEOUT}", "--timeout-method=thread",
-        # tests/mpi must be collected from its own directory: the root conftest skips it otherwise.
+        # The repository's pyproject.toml is the ini file, whatever the current directory.
         "--rootdir", str(REPO),
     ]
     args += shlex.split(os.environ.get("HORO_TEST_PYTEST_ARGS", ""))
@@ -92,6 +92,7 @@ def run_mpi_pytest(n: int, logdir: Path, extra_args: list[str] | None = None,
         OMP_NUM_THREADS="1",
         PYTHONUNBUFFERED="1",
         PYTHONFAULTHANDLER="1",
+        COLUMNS="160",  # wide enough that pytest's short summary keeps the rank and the error
         PYTHONPATH=os.pathsep.join(
             p for p in (str(MPI_DIR), str(REPO / "src"), env.get("PYTHONPATH", "")) if p
         ),
@@ -122,7 +123,7 @@ def run_mpi_pytest(n: int, logdir: Path, extra_args: list[str] | None = None,
         problems.append(f"TIMEOUT: the job ran past {timeout:.0f} s and its process group was killed")
     elif proc.returncode != 0:
         problems.append(f"mpiexec exited with {proc.returncode}")
-    rank_logs = []
+    rank_logs, early = [], []
     for r in range(n):
         rc_file = logdir / f"rank{r}.rc"
         rc = rc_file.read_text().strip() if rc_file.exists() else None
@@ -133,14 +134,36 @@ def run_mpi_pytest(n: int, logdir: Path, extra_args: list[str] | None = None,
         if r:
             log = logdir / f"rank{r}.log"
             text = log.read_text(errors="replace") if log.exists() else "<no log>"
-            rank_logs.append((r, text))
+            rank_logs.append((r, rc, text))
+        failures = logdir / f"rank{r}.failures"
+        if rc is None and failures.exists():
+            # The rank was killed before pytest's summary: show what had failed on it by then.
+            early.append((r, failures.read_text(errors="replace")))
     passed = not problems
     report = [f"world size {n}: {'passed' if passed else 'FAILED'} in {elapsed:.1f} s", *problems,
               "", "===== rank 0 (and mpiexec) output =====", _tail(out)]
     if not passed:
-        for r, text in rank_logs:
-            report += [f"===== rank {r} log =====", _tail(text)]
+        rank0_failures = _failures(out)
+        for r, rc, text in rank_logs:
+            if rc is not None and _failures(text) == rank0_failures:
+                # Tests check through `agree`, so usually every rank fails the same way: say so briefly.
+                summary = [line for line in text.splitlines() if line.startswith(("FAILED ", "ERROR "))]
+                report += [f"===== rank {r}: the same failing tests as rank 0 (exit status {rc}) =====",
+                           *summary[-50:]]
+            else:
+                report += [f"===== rank {r} log (exit status {rc}) =====", _tail(text)]
+        for r, text in early:
+            report += [f"===== rank {r}: tests that had failed before it was stopped =====", _tail(text, 6000)]
     return passed, "\n".join(report)
+
+
+def _failures(text: str) -> set[str]:
+    """Test ids in pytest's short summary (`FAILED id - msg`, `ERROR id - msg`)."""
+    ids = set()
+    for line in text.splitlines():
+        if line.startswith(("FAILED ", "ERROR ")):
+            ids.add(line.split(" ", 1)[1].split(" - ", 1)[0].strip())
+    return ids
 
 
 @pytest.mark.mpi

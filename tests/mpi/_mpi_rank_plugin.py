@@ -2,6 +2,7 @@
 
 * Ranks other than 0 send their stdout/stderr to ``$HORO_TEST_LOGDIR/rank<r>.log``: CI shows only rank 0's
   summary, and the harness prints every rank's log when the job fails.
+* Every rank appends each failing test's report to ``rank<r>.failures`` as soon as it fails.
 * Every rank writes its pytest exit status to ``$HORO_TEST_LOGDIR/rank<r>.rc`` at the end of the session, so a
   failure on rank 1 alone fails the job even if mpiexec reported 0, and a rank that died (killed, os._exit
   by pytest-timeout, MPI abort) shows up as "no exit status".
@@ -42,6 +43,14 @@ if _LOGDIR and _RANK != 0:
 
 def pytest_report_header(config):
     return f"horo MPI test rank {_RANK} of HORO_TEST_WORLD={os.environ.get('HORO_TEST_WORLD', '?')}"
+
+
+def pytest_runtest_logreport(report):
+    """Record each failure as it happens: if the job is killed later (a hang elsewhere), the harness can
+    still say which tests had failed on this rank, with their tracebacks."""
+    if _LOGDIR and report.failed:
+        with open(os.path.join(_LOGDIR, f"rank{_RANK}.failures"), "a") as f:
+            f.write(f"----- {report.nodeid} ({report.when}) -----\n{report.longreprtext[-4000:]}\n")
 
 
 def pytest_sessionfinish(session, exitstatus):

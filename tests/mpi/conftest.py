@@ -19,9 +19,9 @@ def hvd():
     horo.init()
     yield horo
     # Everyone reaches the end of the session together before shutting down.
-    from horo_mpi_util import test_comm
+    from horo_mpi_util import sync_comm
 
-    test_comm().Barrier()
+    sync_comm().Barrier()
     horo.shutdown()
 
 
@@ -38,9 +38,9 @@ def rank(hvd) -> int:
 @pytest.fixture(scope="session")
 def comm(hvd):
     """An mpi4py communicator for test bookkeeping only (never to check horo against itself)."""
-    from horo_mpi_util import test_comm
+    from horo_mpi_util import sync_comm
 
-    return test_comm()
+    return sync_comm()
 
 
 @pytest.fixture

@@ -27,7 +27,7 @@ OP_NAMES = ["Sum", "Average", "Min", "Max", "Product"]
 _COMM = None
 
 
-def test_comm():
+def sync_comm():
     """A private duplicate of COMM_WORLD for test bookkeeping (never used to check horo against itself)."""
     global _COMM
     if _COMM is None:
@@ -38,15 +38,21 @@ def test_comm():
 
 
 def world_size() -> int:
-    return test_comm().Get_size()
+    return sync_comm().Get_size()
 
 
 def world_rank() -> int:
-    return test_comm().Get_rank()
+    return sync_comm().Get_rank()
 
 
 def dname(dtype: np.dtype) -> str:
     return "bfloat16" if np.dtype(dtype) == BF16 else np.dtype(dtype).name
+
+
+def _summary(exc: BaseException) -> str:
+    """One line: the exception type and its message with whitespace collapsed."""
+    text = " ".join(str(exc).split())
+    return f"{type(exc).__name__}: {text[:400]}"
 
 
 def _describe(exc: BaseException) -> str:
@@ -64,13 +70,16 @@ def agree(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
     try:
         value, err = fn(*args, **kwargs), None
     except Exception as exc:  # noqa: BLE001 - reported below on every rank
-        value, err = None, _describe(exc)
-    errors = test_comm().allgather(err)
+        value, err = None, (_summary(exc), _describe(exc))
+    errors = sync_comm().allgather(err)
     failed = [(r, e) for r, e in enumerate(errors) if e is not None]
     if failed:
-        lines = [f"failed on rank(s) {[r for r, _ in failed]} of {len(errors)} (this is rank {world_rank()}):"]
-        for r, e in failed:
-            lines.append(f"--- rank {r}:\n{e}")
+        first_rank, (summary, _) = failed[0]
+        ranks = [r for r, _ in failed]
+        head = f"[rank {first_rank}] {summary} -- failed on rank(s) {ranks} of {len(errors)}"
+        lines = [f"{head} (this is rank {world_rank()})"]
+        for r, (_, detail) in failed:
+            lines.append(f"--- rank {r}:\n{detail}")
         raise AssertionError("\n".join(lines))
     return value
 
@@ -188,7 +197,7 @@ def tolerances(dtype: np.dtype, n: int, magnitude: float = 4.0) -> tuple[float, 
         eps = 2.0 ** -53
     # Rounding of the n inputs' partial sums plus the final rounding to `dtype`.
     n = max(n, 1)
-    rtol = 2 * eps
+    rtol = (n + 2) * eps
     atol = n * n * eps * magnitude
     return rtol, atol
 

@@ -6,7 +6,15 @@ import time
 
 import numpy as np
 import pytest
-from horo_mpi_util import agree, assert_close, assert_equal_arrays, check, make_array, reduce_ref, scatter_rows
+from horo_mpi_util import (
+    agree,
+    assert_close,
+    assert_equal_arrays,
+    check,
+    make_array,
+    reduce_ref,
+    scatter_rows,
+)
 
 
 def _wait(hvd, handle, timeout=20.0):

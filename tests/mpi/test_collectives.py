@@ -18,7 +18,7 @@ from horo_mpi_util import (
     make_array,
     reduce_ref,
     scatter_rows,
-    test_comm,
+    sync_comm,
 )
 
 
@@ -210,7 +210,7 @@ def test_grouped_reducescatter(hvd, world, rank):
 
 # ------------------------------------------------------------------------------------ barrier / join
 def test_barrier_waits_for_everyone(hvd, world, rank):
-    comm = test_comm()
+    comm = sync_comm()
     comm.Barrier()
     time.sleep(0.15 * rank)
     entered = time.time()
@@ -223,14 +223,14 @@ def test_barrier_waits_for_everyone(hvd, world, rank):
 
 
 def test_join_returns_last_rank(hvd, world, rank):
-    test_comm().Barrier()
+    sync_comm().Barrier()
     time.sleep(0.3 * rank)
     last = hvd.join()
-    lasts = test_comm().allgather(last)
+    lasts = sync_comm().allgather(last)
 
     def _check():
         assert all(isinstance(v, (int, np.integer)) for v in lasts), lasts
-        assert len(set(int(v) for v in lasts)) == 1, f"ranks disagree on the last joined rank: {lasts}"
+        assert len({int(v) for v in lasts}) == 1, f"ranks disagree on the last joined rank: {lasts}"
         assert int(last) == world - 1, f"join() returned {last}, expected the last rank to join ({world - 1})"
 
     agree(_check)

@@ -7,11 +7,11 @@ import subprocess
 import sys
 import textwrap
 
-from horo_mpi_util import agree, check, env_world, test_comm
+from horo_mpi_util import agree, check, env_world, sync_comm
 
 
 def test_world_matches_launcher(hvd, world, rank):
-    comm = test_comm()
+    comm = sync_comm()
     expected = env_world()
     if expected is not None:
         check(world == expected, f"horo.size()={world} but HORO_TEST_WORLD={expected}")
@@ -141,7 +141,7 @@ def test_not_initialized_in_fresh_process(hvd):
         )
 
     # Only rank 0 spawns the child: it is a singleton job and the result is the same on every rank.
-    agree(_run if test_comm().Get_rank() == 0 else (lambda: None))
+    agree(_run if sync_comm().Get_rank() == 0 else (lambda: None))
 
 
 def test_init_is_idempotent(hvd, world):

@@ -93,10 +93,14 @@ def splits_arg(splits: Any, arr: np.ndarray, n: int, what: str) -> np.ndarray:
     except TypeError:
         s = np.asarray(splits)
     if s.dtype.kind not in "iu" or s.ndim != 1:
-        raise TypeError(f"{what}: splits must be a 1-D sequence of ints. Received: splits={splits!r}.")
+        raise TypeError(
+            f"{what}: splits must be a 1-D sequence of ints. Received: splits={splits!r}. "
+            f"HINT: one row count per rank of the set ({n} entries), e.g. splits=[2, 1]."
+        )
     if s.shape[0] != n or (s < 0).any() or int(s.sum()) != dim0:
         raise ValueError(
             f"{what}: splits must have one non-negative entry per rank ({n}) summing to dim 0 ({dim0}). "
-            f"Received: splits={s.tolist()}."
+            f"Received: splits={s.tolist()}. HINT: splits[r] is the number of rows sent to rank r; they must "
+            f"add up to tensor.shape[0]."
         )
     return s.astype(np.int64)

@@ -6,6 +6,7 @@ import atexit
 import importlib.util
 import os
 import sys
+import time
 import traceback
 from collections.abc import Sequence
 from typing import Any
@@ -20,6 +21,7 @@ __all__ = [
 ]
 
 _atexit_registered = False
+_aborting = False
 _original_excepthook = sys.excepthook
 
 
@@ -90,12 +92,19 @@ def _abort_on_uncaught(exc_type: type[BaseException], exc: BaseException, tb: An
     sys.stderr.write(f"horo: rank {state.world.Get_rank() if state.world else '?'} raised an uncaught "
                      f"{exc_type.__name__}; aborting the MPI job so the other ranks do not hang.\n")
     sys.stderr.flush()
+    sys.stdout.flush()
+    global _aborting
+    _aborting = True
+    # Give the launcher a moment to forward this traceback before MPI_Abort kills the job's output.
+    time.sleep(0.5)
     from mpi4py import MPI
 
     MPI.COMM_WORLD.Abort(1)
 
 
 def _shutdown_at_exit() -> None:
+    if _aborting:
+        return
     try:
         shutdown()
     except Exception as exc:  # noqa: BLE001 - report, then make sure no peer waits for us forever

@@ -1,0 +1,117 @@
+"""Whole MPI jobs that cannot live inside the shared tests/mpi session: they need their own init().
+
+Each test writes a small script, runs it under `mpiexec -n N` with a hard limit (the process group is killed
+on timeout), and checks the exit status and output.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+from test_mpi_suites import REPO, _kill_group, find_mpiexec
+
+pytestmark = pytest.mark.mpi
+
+
+def run_job(tmp_path, n: int, script: str, timeout: float = 90.0, env_extra=None):
+    path = tmp_path / "job.py"
+    path.write_text(textwrap.dedent(script))
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", HORO_TEST_WORLD=str(n))
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO / "src"), env.get("PYTHONPATH", "")) if p)
+    env.update(env_extra or {})
+    start = time.monotonic()
+    proc = subprocess.Popen([find_mpiexec(), "-n", str(n), sys.executable, str(path)], cwd=tmp_path, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace",
+                            start_new_session=True)
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        _kill_group(proc)
+        out, _ = proc.communicate()
+        pytest.fail(f"job of {n} ranks ran past {timeout} s and was killed; output:\n{out[-8000:]}")
+    return proc.returncode, out, time.monotonic() - start
+
+
+def test_uncaught_exception_aborts_the_job(tmp_path):
+    """Rank 1 dies of an uncaught exception while rank 0 waits in a collective: the job must end, not hang."""
+    rc, out, elapsed = run_job(tmp_path, 2, """
+        import numpy as np
+        import horo
+        horo.init()
+        if horo.rank() == 1:
+            raise RuntimeError("boom-on-rank-1")
+        horo.allreduce(np.ones(2), name="never.matched")
+        print("RANK0-FINISHED", flush=True)
+    """, timeout=60)
+    assert rc != 0, f"the job exited 0:\n{out[-4000:]}"
+    assert "boom-on-rank-1" in out and "Traceback" in out, out[-4000:]
+    assert "RANK0-FINISHED" not in out, out[-4000:]
+    assert elapsed < 30, f"the job took {elapsed:.1f} s to end:\n{out[-4000:]}"
+
+
+def test_init_on_a_split_communicator(tmp_path):
+    rc, out, _ = run_job(tmp_path, 3, """
+        import numpy as np
+        from mpi4py import MPI
+        import horo
+        w = MPI.COMM_WORLD
+        color = 0 if w.rank < 2 else 1
+        sub = w.Split(color, key=w.rank)
+        horo.init(comm=sub)
+        expected_size = 2 if color == 0 else 1
+        assert horo.size() == expected_size, (w.rank, horo.size())
+        assert horo.rank() == sub.rank, (w.rank, horo.rank())
+        out = horo.allreduce(np.full(2, w.rank + 1.0), op=horo.Sum)
+        expected = 3.0  # ranks 0 and 1 contribute 1 + 2; rank 2 alone contributes 3
+        assert np.array_equal(out, np.full(2, expected)), (w.rank, out)
+        got = horo.allgather_object(w.rank)
+        assert got == ([0, 1] if color == 0 else [2]), (w.rank, got)
+        horo.shutdown()
+        print(f"OK {w.rank}", flush=True)
+    """)
+    assert rc == 0 and all(f"OK {r}" in out for r in range(3)), out[-6000:]
+
+
+def test_init_with_rank_list_and_process_sets(tmp_path):
+    rc, out, _ = run_job(tmp_path, 3, """
+        import numpy as np
+        import horo
+        ps = horo.ProcessSet([0, 2])
+        horo.init(comm=[0, 1, 2], process_sets=[ps])
+        assert horo.size() == 3
+        assert ps.size() == 2 and ps.included() == (horo.rank() in (0, 2)), (ps.size(), ps.included())
+        if ps.included():
+            out = horo.allreduce(np.full(2, horo.rank() + 1.0), op=horo.Sum, process_set=ps)
+            assert np.array_equal(out, np.full(2, 4.0)), out
+        out = horo.allreduce(np.ones(1), op=horo.Sum)
+        assert out[0] == 3.0, out
+        horo.shutdown()
+        print(f"OK {__import__('mpi4py.MPI').MPI.COMM_WORLD.rank}", flush=True)
+    """)
+    assert rc == 0 and all(f"OK {r}" in out for r in range(3)), out[-6000:]
+
+
+def test_stall_is_reported_not_hung(tmp_path):
+    """Rank 1 never submits the tensor rank 0 waits for: with stall shutdown set, rank 0 gets an error
+    (StallError) instead of waiting forever, and the job ends."""
+    rc, out, elapsed = run_job(tmp_path, 2, """
+        import time
+        import numpy as np
+        import horo
+        from horo.core.errors import StallError
+        horo.init()
+        if horo.rank() == 0:
+            try:
+                horo.synchronize(horo.allreduce_async(np.ones(2), name="only.rank0"))
+            except StallError as exc:
+                print("STALL-RAISED", exc, flush=True)
+        else:
+            time.sleep(8)
+        horo.shutdown()
+    """, timeout=60, env_extra={"HORO_STALL_CHECK_TIME_SECONDS": "1", "HORO_STALL_SHUTDOWN_TIME_SECONDS": "3"})
+    assert "STALL-RAISED" in out, f"rc={rc} after {elapsed:.1f} s:\n{out[-4000:]}"
