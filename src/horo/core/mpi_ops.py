@@ -9,31 +9,43 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
-from mpi4py import MPI
-
 from .dtypes import needs_upcast
 from .ops import Average, Max, Min, Product, ReduceOp, Sum
 
 __all__ = ["allreduce_into", "allgather", "broadcast_into", "alltoall", "reducescatter", "scatter_counts"]
 
-_MPI_OPS = {Sum: MPI.SUM, Average: MPI.SUM, Min: MPI.MIN, Max: MPI.MAX, Product: MPI.PROD}
-_BOOL_OPS = {Sum: MPI.LOR, Max: MPI.LOR, Min: MPI.LAND, Product: MPI.LAND}
+# Filled on first use: importing horo must not start MPI (hororun imports it before spawning mpiexec).
+MPI: Any = None
+_MPI_OPS: dict[ReduceOp, Any] = {}
+_BOOL_OPS: dict[ReduceOp, Any] = {}
+_DATATYPES: dict[np.dtype, Any] = {}
+
+
+def _load() -> None:
+    global MPI
+    from mpi4py import MPI as mpi
+
+    _MPI_OPS.update({Sum: mpi.SUM, Average: mpi.SUM, Min: mpi.MIN, Max: mpi.MAX, Product: mpi.PROD})
+    _BOOL_OPS.update({Sum: mpi.LOR, Max: mpi.LOR, Min: mpi.LAND, Product: mpi.LAND})
+    # Predefined datatypes only: MPI reductions are undefined on derived ones.
+    _DATATYPES.update({
+        np.dtype(np.int8): mpi.INT8_T, np.dtype(np.uint8): mpi.UINT8_T, np.dtype(np.int16): mpi.INT16_T,
+        np.dtype(np.uint16): mpi.UINT16_T, np.dtype(np.int32): mpi.INT32_T, np.dtype(np.uint32): mpi.UINT32_T,
+        np.dtype(np.int64): mpi.INT64_T, np.dtype(np.uint64): mpi.UINT64_T, np.dtype(np.float32): mpi.FLOAT,
+        np.dtype(np.float64): mpi.DOUBLE, np.dtype(np.bool_): mpi.C_BOOL,
+    })
+    MPI = mpi
 
 
 def _mpi_op(op: ReduceOp, dtype: np.dtype) -> Any:
+    if MPI is None:
+        _load()
     return _BOOL_OPS[op] if dtype == np.bool_ else _MPI_OPS[op]
 
 
-# Predefined datatypes only: MPI reductions are undefined on derived ones.
-_DATATYPES: dict[np.dtype, Any] = {
-    np.dtype(np.int8): MPI.INT8_T, np.dtype(np.uint8): MPI.UINT8_T, np.dtype(np.int16): MPI.INT16_T,
-    np.dtype(np.uint16): MPI.UINT16_T, np.dtype(np.int32): MPI.INT32_T, np.dtype(np.uint32): MPI.UINT32_T,
-    np.dtype(np.int64): MPI.INT64_T, np.dtype(np.uint64): MPI.UINT64_T, np.dtype(np.float32): MPI.FLOAT,
-    np.dtype(np.float64): MPI.DOUBLE, np.dtype(np.bool_): MPI.C_BOOL,
-}
-
-
 def _typed(arr: np.ndarray) -> list[Any]:
+    if MPI is None:
+        _load()
     return [arr, _DATATYPES[arr.dtype]]
 
 
@@ -52,6 +64,8 @@ def allreduce_into(comm: Any, send: np.ndarray, out: np.ndarray, op: ReduceOp,
                    prescale: float = 1.0, postscale: float = 1.0) -> np.ndarray:
     """Reduce ``send`` across ``comm`` into ``out`` (both C-contiguous, same shape; may be the same array)."""
     size = comm.Get_size()
+    if MPI is None:
+        _load()
     if needs_upcast(send.dtype):
         work = send.astype(np.float32)
         if prescale != 1.0:
@@ -75,6 +89,8 @@ def allreduce_into(comm: Any, send: np.ndarray, out: np.ndarray, op: ReduceOp,
 
 
 def _bytes(arr: np.ndarray) -> np.ndarray:
+    if MPI is None:
+        _load()
     return arr.reshape(-1).view(np.uint8)
 
 

@@ -15,11 +15,17 @@ import tempfile
 from pathlib import Path
 
 from horo.run.args import UsageError, parse_args
-from horo.run.hosts import HostParseError, any_remote, parse_hostfile, parse_hosts_arg, to_hydra_hostfile
-from horo.run.hosts import to_openmpi_hostfile
+from horo.run.hosts import (
+    HostParseError,
+    any_remote,
+    parse_hostfile,
+    parse_hosts_arg,
+    to_hydra_hostfile,
+    to_openmpi_hostfile,
+)
 from horo.run.mpiexec import OPENMPI, LaunchPlan, MpiexecError, build_command, detect_flavor, find_mpiexec
 
-__all__ = ["main", "RANK_HOOK_DIR"]
+__all__ = ["RANK_HOOK_DIR", "main"]
 
 #: Put on every rank's PYTHONPATH; its sitecustomize makes a failing rank end the job (see there).
 RANK_HOOK_DIR = str(Path(__file__).resolve().parent / "rank_hook")

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import importlib.metadata
 import importlib.util
-import contextlib
 import os
 import sys
 from collections.abc import Callable, Iterator
@@ -50,7 +50,7 @@ def probe_module(name: str) -> tuple[Any | None, str]:
         return None, "not installed"
     try:
         module = importlib.import_module(name)
-    except Exception as exc:  # a broken install must not break the report
+    except Exception as exc:  # noqa: BLE001 - a broken install must not break the report
         return None, f"installed but import failed: {type(exc).__name__}: {exc}"
     return module, str(getattr(module, "__version__", "unknown version"))
 
@@ -66,7 +66,7 @@ def _mpi_line() -> tuple[bool, str]:
         from mpi4py import MPI
 
         library = " ".join(MPI.Get_library_version().strip().splitlines()[0].split())
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001 - report, do not crash
         return False, f"mpi4py {mpi4py.__version__}, MPI library failed to load: {type(exc).__name__}: {exc}"
     return True, f"mpi4py {mpi4py.__version__}; {library}"
 
@@ -77,7 +77,7 @@ def _cuda_devices() -> tuple[int, str]:
         return 0, f"cupy {why}"
     try:
         count = int(cupy.cuda.runtime.getDeviceCount())
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001 - cupy raises its own CUDA error types
         return 0, f"cupy {cupy.__version__}, no CUDA device: {type(exc).__name__}"
     return count, f"cupy {cupy.__version__}, {count} CUDA device(s)"
 
@@ -90,7 +90,7 @@ def _nccl_local() -> tuple[bool, str]:
         from cupy.cuda import nccl
 
         version = nccl.get_version()
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001 - cupy raises its own CUDA/NCCL error types
         return False, f"{why}, cupy.cuda.nccl unavailable: {type(exc).__name__}"
     return True, f"{why}, NCCL {version}"
 
@@ -102,7 +102,7 @@ def _horo_flag(name: str) -> bool | None:
 
         func: Callable[[], bool] | None = getattr(horo, name, None)
         return None if func is None else bool(func())
-    except Exception:
+    except Exception:  # noqa: BLE001 - horo's core may be absent or half-written: compute locally
         return None
 
 

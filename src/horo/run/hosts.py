@@ -7,15 +7,15 @@ import socket
 from dataclasses import dataclass
 
 __all__ = [
-    "HostSpec",
     "HostParseError",
-    "parse_hosts_arg",
+    "HostSpec",
+    "any_remote",
+    "is_local_host",
     "parse_hostfile",
+    "parse_hosts_arg",
     "to_hydra_hostfile",
     "to_hydra_hosts_arg",
     "to_openmpi_hostfile",
-    "is_local_host",
-    "any_remote",
 ]
 
 # A host name or address: letters, digits, dots, dashes, underscores; IPv6 needs brackets-free colons,

@@ -11,7 +11,7 @@ import threading
 import time
 from collections.abc import Callable
 
-__all__ = ["run_job", "descendants", "kill_leftovers"]
+__all__ = ["descendants", "kill_leftovers", "run_job"]
 
 _PR_SET_PDEATHSIG = 1
 _PR_SET_CHILD_SUBREAPER = 36
@@ -125,7 +125,8 @@ def run_job(cmd: list[str], env: dict[str, str], grace: float = 5.0) -> int:
             prctl(_PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0)
 
     before = frozenset(descendants(os.getpid()))
-    proc = subprocess.Popen(cmd, env=env, start_new_session=True, preexec_fn=in_child)
+    # preexec_fn only calls prctl, which takes no locks; the usual threads caveat does not bite here.
+    proc = subprocess.Popen(cmd, env=env, start_new_session=True, preexec_fn=in_child)  # noqa: PLW1509
     received: list[int] = []
 
     def forward(signum: int, _frame: object) -> None:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from horo.run.hosts import HostSpec, to_hydra_hosts_arg
 
-__all__ = ["HYDRA", "OPENMPI", "LaunchPlan", "MpiexecError", "find_mpiexec", "detect_flavor", "build_command"]
+__all__ = ["HYDRA", "OPENMPI", "LaunchPlan", "MpiexecError", "build_command", "detect_flavor", "find_mpiexec"]
 
 HYDRA = "hydra"  # MPICH, Intel MPI, MVAPICH: all use the hydra process manager.
 OPENMPI = "openmpi"

@@ -5,16 +5,19 @@ uncaught exception or ``sys.exit(3)`` while the others sit in a collective there
 process manager never learns that it failed and the job hangs. This hook makes such a rank skip
 finalization and leave with ``os._exit(code)``; mpiexec then sees a non-zero exit and kills the job.
 
-It only acts when mpi4py has initialized MPI with more than one rank, so ordinary Python processes (and
+It also line-buffers stdout/stderr so ranks' lines (and ``--tag-output`` tags) do not split. The exit
+handling only acts when mpi4py has initialized MPI with more than one rank, so ordinary Python processes (and
 single-rank runs) exit exactly as before. Only the standard library is imported here: this runs before
 the user's program in every Python process of the job. ``raise SystemExit(n)`` written out directly is not
-seen (only ``sys.exit``/``exit``/``quit``); a job using ``horo.init()`` is covered anyway by horo's abort.
+seen (only ``sys.exit``/``exit``/``quit``), and a ``sys.exit(n)`` that the program catches and
+ignores still makes the rank exit with ``n`` at the end.
 """
 
 from __future__ import annotations
 
 import atexit
 import builtins
+import contextlib
 import os
 import sys
 from typing import Any
@@ -32,17 +35,15 @@ def _mpi_job_running() -> bool:
         return False
     try:
         return bool(mpi.Is_initialized()) and not mpi.Is_finalized() and mpi.COMM_WORLD.Get_size() > 1
-    except Exception:  # a half-torn-down interpreter: do not make exit worse
+    except Exception:  # noqa: BLE001 - a half-torn-down interpreter: do not make exit worse
         return False
 
 
 def _hard_exit(code: int) -> None:
     """Flush what the rank printed (the traceback must reach the user), then exit without finalize."""
     for stream in (sys.stdout, sys.stderr):
-        try:
+        with contextlib.suppress(Exception):  # a closed or broken stream must not stop the exit
             stream.flush()
-        except Exception:
-            pass
     os._exit(code)
 
 
@@ -75,8 +76,21 @@ def _arm(status: object) -> None:
         _state["armed"] = True
 
 
+def _line_buffer_output() -> None:
+    """Make stdout/stderr write whole lines.
+
+    mpiexec relays each write of each rank as it comes (and ``-prepend-rank`` tags each write), so
+    unbuffered output (PYTHONUNBUFFERED) splits lines between ranks and tags, while block buffering
+    (Python's default on a pipe) holds training logs back. One write per line avoids both.
+    """
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(AttributeError, ValueError, OSError):  # replaced or closed streams
+            stream.reconfigure(line_buffering=True, write_through=False)
+
+
 def install() -> None:
-    """Wrap ``sys.excepthook``, ``sys.exit``, ``exit`` and ``quit`` in this process."""
+    """Wrap ``sys.excepthook``, ``sys.exit``, ``exit`` and ``quit``; line-buffer stdout and stderr."""
+    _line_buffer_output()
     orig_hook = sys.excepthook
     orig_exit = sys.exit
 

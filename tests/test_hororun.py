@@ -1,0 +1,465 @@
+"""Tests for the ``hororun`` launcher (plain pytest: each test starts hororun itself as a subprocess).
+
+Jobs run real MPI ranks through the venv's MPICH ``mpiexec``. Failure tests measure the teardown time:
+from the moment the failing rank reports it is about to die to the moment hororun has returned.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import re
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from horo.run.hosts import (
+    HostParseError,
+    HostSpec,
+    parse_hostfile,
+    parse_hosts_arg,
+    to_hydra_hostfile,
+    to_hydra_hosts_arg,
+    to_openmpi_hostfile,
+)
+from horo.run.launch import descendants
+from horo.run.mpiexec import HYDRA, OPENMPI, LaunchPlan, build_command
+
+TEARDOWN_LIMIT_S = 10.0
+
+
+def hororun(*args: str, timeout: float = 50.0, **kw: object) -> subprocess.CompletedProcess[str]:
+    """Run ``python -m horo.run ARGS`` to completion, with a hard limit so a hang fails the test."""
+    return subprocess.run(
+        [sys.executable, "-m", "horo.run", *args], check=False, capture_output=True, text=True, timeout=timeout, **kw
+    )
+
+
+def script(tmp_path: Path, body: str, name: str = "job.py") -> str:
+    """Write a rank program into tmp_path; its path (and so each rank's command line) holds a unique marker."""
+    path = tmp_path / f"{Path(name).stem}_{uuid.uuid4().hex}.py"
+    path.write_text(textwrap.dedent(body))
+    return str(path)
+
+
+def orphans(marker: str) -> str:
+    """Command lines of any live process whose command line mentions ``marker``."""
+    out = subprocess.run(["pgrep", "-af", marker], check=False, capture_output=True, text=True, timeout=10)
+    return out.stdout.strip()
+
+
+def assert_gone(marker: str) -> None:
+    # Killed processes may take a moment to be reaped by their new parent; a leftover persists.
+    deadline = time.monotonic() + 2.0
+    while orphans(marker) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert orphans(marker) == "", f"processes left behind:\n{orphans(marker)}"
+
+
+def teardown_seconds(stdout: str, returned_at: float) -> float:
+    """Seconds between the failing rank's ``DYING <time>`` line and hororun's return."""
+    stamps = [float(t) for t in re.findall(r"DYING (\d+\.\d+)", stdout)]
+    assert stamps, f"the failing rank did not report; stdout:\n{stdout}"
+    return returned_at - stamps[0]
+
+
+HELLO = """
+    from mpi4py import MPI
+    comm = MPI.COMM_WORLD
+    print(f"HELLO rank {comm.Get_rank()} of {comm.Get_size()}", flush=True)
+    comm.Barrier()
+"""
+
+
+# ---------------------------------------------------------------------------------------------- running
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("np_flag", ["-np", "-n"])
+def test_two_ranks_each_print(tmp_path: Path, np_flag: str) -> None:
+    out = hororun(np_flag, "2", sys.executable, script(tmp_path, HELLO))
+    assert out.returncode == 0, out.stderr
+    for rank in range(2):
+        assert f"HELLO rank {rank} of 2" in out.stdout
+
+
+@pytest.mark.timeout(60)
+def test_three_ranks_oversubscribe_two_cores(tmp_path: Path) -> None:
+    # -np 3 is more than this 2-core machine has; hydra must start them all anyway.
+    out = hororun("-np", "3", sys.executable, script(tmp_path, HELLO))
+    assert out.returncode == 0, out.stderr
+    for rank in range(3):
+        assert f"HELLO rank {rank} of 3" in out.stdout
+
+
+@pytest.mark.timeout(60)
+def test_command_arguments_pass_through(tmp_path: Path) -> None:
+    body = "import sys\nprint('ARGS', sys.argv[1:], flush=True)\n"
+    out = hororun("-np", "1", sys.executable, script(tmp_path, body), "--verbose", "-np", "7")
+    assert out.returncode == 0, out.stderr
+    assert "ARGS ['--verbose', '-np', '7']" in out.stdout
+    assert "hororun:" not in out.stderr  # --verbose after the command belongs to the command
+
+
+@pytest.mark.timeout(60)
+def test_verbose_prints_mpiexec_command(tmp_path: Path) -> None:
+    path = script(tmp_path, HELLO)
+    out = hororun("-np", "2", "--verbose", sys.executable, path)
+    assert out.returncode == 0, out.stderr
+    line = next(ln for ln in out.stderr.splitlines() if ln.startswith("hororun: /"))
+    assert "mpiexec -np 2 " in line
+    assert line.endswith(f"{sys.executable} {path}")
+
+
+@pytest.mark.timeout(60)
+def test_tag_output_prefixes_rank(tmp_path: Path) -> None:
+    # print() with several arguments makes several writes when unbuffered; hydra tags every write, so the
+    # rank hook's line buffering is what keeps one tag per line.
+    body = """
+        from mpi4py import MPI
+        rank = MPI.COMM_WORLD.Get_rank()
+        for i in range(3):
+            print("LINE", i, "from", rank)
+    """
+    out = hororun("-np", "2", "--tag-output", sys.executable, script(tmp_path, body),
+                  env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    for rank in range(2):
+        for i in range(3):
+            assert f"[{rank}] LINE {i} from {rank}" in lines
+
+
+@pytest.mark.timeout(60)
+def test_timeline_filename_reaches_every_rank(tmp_path: Path) -> None:
+    body = """
+        import os
+        from mpi4py import MPI
+        print(f"TL {MPI.COMM_WORLD.Get_rank()} {os.environ['HORO_TIMELINE']}", flush=True)
+    """
+    out = hororun("-np", "2", "--verbose", "--timeline-filename", "tl.json", sys.executable,
+                  script(tmp_path, body), cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    expected = str(tmp_path / "tl.json")
+    for rank in range(2):
+        assert f"TL {rank} {expected}" in out.stdout
+    assert f"-genv HORO_TIMELINE {expected}" in out.stderr
+
+
+# ---------------------------------------------------------------------------------------------- failure
+
+
+@pytest.mark.timeout(60)
+def test_all_ranks_succeed_exit_zero(tmp_path: Path) -> None:
+    assert hororun("-np", "2", sys.executable, script(tmp_path, HELLO)).returncode == 0
+
+
+@pytest.mark.timeout(60)
+def test_exit_code_of_failing_rank_propagates(tmp_path: Path) -> None:
+    # Rank 1 leaves with sys.exit(3) while rank 0 waits in a barrier that will never complete.
+    body = """
+        import sys, time
+        from mpi4py import MPI
+        comm = MPI.COMM_WORLD
+        if comm.Get_rank() == 1:
+            print(f"DYING {time.time()}", flush=True)
+            sys.exit(3)
+        comm.Barrier()
+    """
+    path = script(tmp_path, body)
+    out = hororun("-np", "2", sys.executable, path)
+    returned = time.time()
+    assert out.returncode == 3, out.stderr
+    seconds = teardown_seconds(out.stdout, returned)
+    print(f"teardown after sys.exit(3): {seconds:.2f} s")
+    assert seconds < TEARDOWN_LIMIT_S
+    assert_gone(Path(path).stem)
+
+
+@pytest.mark.timeout(60)
+def test_horo_job_rank_exit_propagates(tmp_path: Path) -> None:
+    # Same through horo: rank 0 waits in an allreduce; horo's own exit handling must not get in the way.
+    body = """
+        import sys, time
+        import numpy as np
+        import horo
+        horo.init()
+        if horo.rank() == 1:
+            print(f"DYING {time.time()}", flush=True)
+            sys.exit(5)
+        horo.allreduce(np.ones(3))
+    """
+    path = script(tmp_path, body)
+    out = hororun("-np", "2", sys.executable, path)
+    returned = time.time()
+    assert out.returncode == 5, out.stderr
+    assert teardown_seconds(out.stdout, returned) < TEARDOWN_LIMIT_S
+    assert_gone(Path(path).stem)
+
+
+@pytest.mark.timeout(60)
+def test_rank_exit_code_without_mpi(tmp_path: Path) -> None:
+    out = hororun("-np", "2", sys.executable, "-c", "import sys; sys.exit(4)")
+    assert out.returncode == 4
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("nproc", [2, 3])
+def test_rank_raising_ends_job_fast_with_traceback(tmp_path: Path, nproc: int) -> None:
+    # A plain mpi4py program (no horo): rank 1 raises while the others wait in a barrier.
+    body = """
+        import time
+        from mpi4py import MPI
+        comm = MPI.COMM_WORLD
+        if comm.Get_rank() == 1:
+            time.sleep(0.2)
+            print(f"DYING {time.time()}", flush=True)
+            raise RuntimeError("rank one exploded")
+        comm.Barrier()
+        print("UNREACHABLE", flush=True)
+    """
+    path = script(tmp_path, body)
+    out = hororun("-np", str(nproc), sys.executable, path)
+    returned = time.time()
+    assert out.returncode != 0
+    seconds = teardown_seconds(out.stdout, returned)
+    print(f"teardown after uncaught exception (np={nproc}): {seconds:.2f} s")
+    assert seconds < TEARDOWN_LIMIT_S
+    assert "Traceback (most recent call last)" in out.stderr
+    assert "RuntimeError: rank one exploded" in out.stderr
+    assert "UNREACHABLE" not in out.stdout
+    assert_gone(Path(path).stem)
+
+
+@pytest.mark.timeout(60)
+def test_rank_sigkilled_ends_job_fast(tmp_path: Path) -> None:
+    body = """
+        import os, signal, time
+        from mpi4py import MPI
+        comm = MPI.COMM_WORLD
+        if comm.Get_rank() == 1:
+            time.sleep(0.2)
+            print(f"DYING {time.time()}", flush=True)
+            os.kill(os.getpid(), signal.SIGKILL)
+        comm.Barrier()
+        time.sleep(60)
+    """
+    path = script(tmp_path, body)
+    out = hororun("-np", "2", sys.executable, path)
+    returned = time.time()
+    assert out.returncode != 0
+    seconds = teardown_seconds(out.stdout, returned)
+    print(f"teardown after SIGKILL of a rank: {seconds:.2f} s")
+    assert seconds < TEARDOWN_LIMIT_S
+    assert_gone(Path(path).stem)
+
+
+SLEEPER = """
+    import time
+    from mpi4py import MPI
+    comm = MPI.COMM_WORLD
+    comm.Barrier()
+    print(f"STARTED {comm.Get_rank()}", flush=True)
+    time.sleep(60)
+"""
+
+
+def _start_sleepers(tmp_path: Path, nproc: int = 2) -> tuple[subprocess.Popen[str], str]:
+    """Start a job whose ranks sleep after a barrier; return once every rank has said so."""
+    path = script(tmp_path, SLEEPER)
+    proc = subprocess.Popen([sys.executable, "-m", "horo.run", "-np", str(nproc), sys.executable, path],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    lines: queue.Queue[str] = queue.Queue()
+    # A reader thread, so waiting for the ranks has a deadline even if they never print.
+    threading.Thread(target=lambda: [lines.put(ln) for ln in proc.stdout or ()], daemon=True).start()
+    seen: list[str] = []
+    deadline = time.monotonic() + 30
+    # Count in the joined text: hydra may interleave the ranks' output within a line.
+    while "".join(seen).count("STARTED") < nproc:
+        try:
+            seen.append(lines.get(timeout=max(0.0, deadline - time.monotonic())))
+        except queue.Empty:
+            proc.kill()
+            ps = subprocess.run(["ps", "-eo", "pid,ppid,sid,stat,etime,cmd"], capture_output=True,
+                                text=True, timeout=10, check=False).stdout
+            pytest.fail(f"ranks did not start; output so far: {seen}\nps:\n{ps}")
+    return proc, Path(path).stem
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_signal_to_hororun_stops_job(tmp_path: Path, sig: signal.Signals) -> None:
+    proc, marker = _start_sleepers(tmp_path)
+    try:
+        t0 = time.monotonic()
+        proc.send_signal(sig)
+        proc.communicate(timeout=30)
+        assert time.monotonic() - t0 < TEARDOWN_LIMIT_S
+        assert proc.returncode != 0
+    finally:
+        proc.kill()
+    assert_gone(marker)
+
+
+@pytest.mark.timeout(60)
+def test_killed_mpiexec_leaves_no_ranks(tmp_path: Path) -> None:
+    # Hydra gives every rank its own session, so only hororun's subreaper clean-up can find them here.
+    proc, marker = _start_sleepers(tmp_path)
+    try:
+        mpiexec = next(p for p in descendants(proc.pid) if "mpiexec" in Path(f"/proc/{p}/cmdline").read_text())
+        os.kill(mpiexec, signal.SIGKILL)
+        proc.communicate(timeout=30)
+        assert proc.returncode != 0
+    finally:
+        proc.kill()
+    assert_gone(marker)
+
+
+# ---------------------------------------------------------------------------------------------- check-build
+
+
+@pytest.mark.timeout(60)
+def test_check_build() -> None:
+    out = hororun("--check-build")
+    assert out.returncode == 0, out.stderr
+    text = out.stdout
+    for label in ("TensorFlow", "Keras", "PyTorch", "PyTorch Lightning", "MPI", "NCCL", "CUDA", "Gloo"):
+        assert label in text
+    assert "Traceback" not in text + out.stderr
+    mpi_line = next(ln for ln in text.splitlines() if ln.strip().startswith("[X] MPI "))
+    assert "mpi4py 4." in mpi_line and "MPICH" in mpi_line
+    gloo_line = next(ln for ln in text.splitlines() if "Gloo" in ln)
+    assert "[ ]" in gloo_line and " no " in gloo_line
+
+
+def test_probe_missing_module_says_no() -> None:
+    from horo.run.check_build import probe_module
+
+    module, why = probe_module("no_such_module_" + uuid.uuid4().hex)
+    assert module is None and why == "not installed"
+
+
+# ---------------------------------------------------------------------------------------------- hosts
+
+
+def test_hostfile_horovod_style_to_hydra() -> None:
+    text = "# cluster\nnode1 slots=2\n\nnode2   slots=4  # big one\nnode3\nnode4:3\n"
+    specs = parse_hostfile(text)
+    assert specs == [HostSpec("node1", 2), HostSpec("node2", 4), HostSpec("node3"), HostSpec("node4", 3)]
+    assert to_hydra_hostfile(specs) == "node1:2\nnode2:4\nnode3\nnode4:3\n"
+    assert to_openmpi_hostfile(specs) == "node1 slots=2\nnode2 slots=4\nnode3\nnode4 slots=3\n"
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["node1 slots=0\n", "node1 slots=two\n", "node1 cpus=2\n", "node1:2 slots=2\n", "bad/host slots=1\n", "# x\n"],
+)
+def test_hostfile_bad_lines(text: str) -> None:
+    with pytest.raises(HostParseError, match="Received"):
+        parse_hostfile(text, source="hf")
+
+
+def test_hosts_arg() -> None:
+    specs = parse_hosts_arg("host1:2,host2:2,host3")
+    assert specs == [HostSpec("host1", 2), HostSpec("host2", 2), HostSpec("host3")]
+    assert to_hydra_hosts_arg(specs) == "host1:2,host2:2,host3"
+    for bad in ("host1:x", "host1:0", "host1,,host2", ""):
+        with pytest.raises(HostParseError, match="HINT"):
+            parse_hosts_arg(bad)
+
+
+def test_build_command_hydra_and_openmpi() -> None:
+    plan = LaunchPlan(mpiexec="/x/mpiexec", np=4, command=["python", "t.py"], flavor=HYDRA,
+                      hosts=[HostSpec("a", 2), HostSpec("b", 2)], genv={"HORO_TIMELINE": "/t.json"},
+                      tag_output=True)
+    assert build_command(plan) == ["/x/mpiexec", "-np", "4", "-hosts", "a:2,b:2", "-prepend-rank",
+                                   "-genv", "HORO_TIMELINE", "/t.json", "python", "t.py"]
+    plan.flavor, plan.hosts, plan.hostfile = OPENMPI, None, "/tmp/hf"
+    assert build_command(plan) == ["/x/mpiexec", "-np", "4", "--oversubscribe", "--hostfile", "/tmp/hf",
+                                   "--tag-output", "-x", "HORO_TIMELINE=/t.json", "python", "t.py"]
+
+
+def _fake_mpiexec(tmp_path: Path, version: str) -> str:
+    """An 'mpiexec' that prints its arguments instead of launching anything."""
+    path = tmp_path / "fake-mpiexec"
+    path.write_text(f'#!/bin/sh\nif [ "$1" = --version ]; then echo "{version}"; exit 0; fi\n'
+                    'for a in "$@"; do echo "ARG $a"; done\n')
+    path.chmod(0o755)
+    return str(path)
+
+
+@pytest.mark.timeout(60)
+def test_remote_hosts_forward_horo_env_and_convert_hostfile(tmp_path: Path) -> None:
+    fake = _fake_mpiexec(tmp_path, "HYDRA build details:")
+    hostfile = tmp_path / "hosts"
+    hostfile.write_text("remote-node-1 slots=2\nremote-node-2 slots=2\n")
+    env = {**os.environ, "HORO_FUSION_THRESHOLD": "1234"}
+    out = hororun("-np", "4", "--mpiexec", fake, "--hostfile", str(hostfile), "--timeline-filename",
+                  "/tmp/tl.json", "python", "train.py", env=env)
+    assert out.returncode == 0, out.stderr
+    args = [ln[4:] for ln in out.stdout.splitlines()]
+    assert args[:2] == ["-np", "4"]
+    assert args[2] == "-f"  # the converted copy; it is deleted once the job ends
+    pairs = {args[i + 1]: args[i + 2] for i, a in enumerate(args) if a == "-genv"}
+    assert pairs["HORO_TIMELINE"] == "/tmp/tl.json"
+    assert pairs["HORO_FUSION_THRESHOLD"] == "1234"
+    assert pairs["PYTHONPATH"].split(os.pathsep)[0].endswith("rank_hook")
+    assert args[-2:] == ["python", "train.py"]
+
+
+@pytest.mark.timeout(60)
+def test_openmpi_gets_oversubscribe(tmp_path: Path) -> None:
+    fake = _fake_mpiexec(tmp_path, "mpirun (Open MPI) 5.0.3")
+    out = hororun("-np", "3", "-H", "localhost:1", "--mpiexec", fake, "python", "t.py")
+    assert out.returncode == 0, out.stderr
+    args = [ln[4:] for ln in out.stdout.splitlines()]
+    assert args[:6] == ["-np", "3", "--oversubscribe", "-H", "localhost:1", "-x"]
+
+
+@pytest.mark.timeout(60)
+def test_horo_mpiexec_env_and_flag_precedence(tmp_path: Path) -> None:
+    fake = _fake_mpiexec(tmp_path, "HYDRA")
+    env = {**os.environ, "HORO_MPIEXEC": fake}
+    out = hororun("-np", "1", "--verbose", "python", "t.py", env=env)
+    assert out.returncode == 0 and f"hororun: {fake} -np 1" in out.stderr
+    out = hororun("-np", "1", "--mpiexec", "/nonexistent/mpiexec", "python", "t.py", env=env)
+    assert out.returncode == 2 and "--mpiexec='/nonexistent/mpiexec'" in out.stderr
+
+
+# ---------------------------------------------------------------------------------------------- bad args
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize(
+    ("args", "named"),
+    [
+        (["-np", "0", "python", "t.py"], "-np='0'"),
+        (["-np", "two", "python", "t.py"], "-np='two'"),
+        (["python", "t.py"], "-np=None"),
+        (["-np", "2"], "command=[]"),
+        (["-np", "2", "--bogus", "python", "t.py"], "--bogus"),
+        (["-np", "2", "-H", "a:zero", "python", "t.py"], "slots='zero'"),
+        (["-np", "2", "--hostfile", "/nonexistent/hosts", "python", "t.py"], "/nonexistent/hosts"),
+        (["-np", "2", "-H", "a:1", "--hostfile", "/x", "python", "t.py"], "not allowed with"),
+        (["-np", "2", "--mpiexec", "/nonexistent/mpiexec", "python", "t.py"], "/nonexistent/mpiexec"),
+    ],
+)
+def test_bad_arguments(args: list[str], named: str) -> None:
+    out = hororun(*args, timeout=30)
+    assert out.returncode == 2
+    assert named in out.stderr
+    assert "HINT" in out.stderr
+    assert "Traceback" not in out.stderr
+
+
+@pytest.mark.timeout(60)
+def test_help_exits_zero() -> None:
+    out = hororun("--help", timeout=30)
+    assert out.returncode == 0 and "-np" in out.stdout and "--check-build" in out.stdout
