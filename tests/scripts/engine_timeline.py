@@ -8,7 +8,7 @@ import horo
 
 horo.init()
 rank = horo.rank()
-for step in range(3):
+for _step in range(3):
     if rank == 1:
         time.sleep(0.02)  # rank 1 is late: the timeline must say so
     hs = [horo.allreduce_async(np.ones(1000, np.float32), name=f"layer{i}.weight") for i in range(6)]

@@ -1,12 +1,33 @@
 """Framework-free core of horo: runtime, MPI collectives, engine. Never imports a deep-learning framework."""
 
 from .async_ops import (
-    allgather_async, allreduce_async, allreduce_async_, alltoall_async, broadcast_async, broadcast_async_,
-    grouped_allreduce_async, grouped_allreduce_async_, poll, reducescatter_async, synchronize,
+    allgather_async,
+    allreduce_async,
+    allreduce_async_,
+    alltoall_async,
+    broadcast_async,
+    broadcast_async_,
+    grouped_allreduce_async,
+    grouped_allreduce_async_,
+    poll,
+    reducescatter_async,
+    synchronize,
 )
 from .collectives import (
-    allgather, allgather_object, allreduce, allreduce_, alltoall, barrier, broadcast, broadcast_,
-    broadcast_object, grouped_allgather, grouped_allreduce, grouped_allreduce_, grouped_reducescatter, join,
+    allgather,
+    allgather_object,
+    allreduce,
+    allreduce_,
+    alltoall,
+    barrier,
+    broadcast,
+    broadcast_,
+    broadcast_object,
+    grouped_allgather,
+    grouped_allreduce,
+    grouped_allreduce_,
+    grouped_reducescatter,
+    join,
     reducescatter,
 )
 from .compression import Compression
@@ -14,9 +35,26 @@ from .errors import HoroError, HoroInternalError, MismatchError, NotInitializedE
 from .ops import Adasum, Average, Max, Min, Product, ReduceOp, Sum
 from .process_sets import ProcessSet, add_process_set, global_process_set, remove_process_set
 from .runtime import (
-    ccl_built, cross_rank, cross_size, cuda_built, ddl_built, gloo_built, gloo_enabled, init, is_homogeneous,
-    is_initialized, local_rank, local_size, mpi_built, mpi_enabled, mpi_threads_supported, nccl_built, rank,
-    rocm_built, shutdown, size,
+    ccl_built,
+    cross_rank,
+    cross_size,
+    cuda_built,
+    ddl_built,
+    gloo_built,
+    gloo_enabled,
+    init,
+    is_homogeneous,
+    is_initialized,
+    local_rank,
+    local_size,
+    mpi_built,
+    mpi_enabled,
+    mpi_threads_supported,
+    nccl_built,
+    rank,
+    rocm_built,
+    shutdown,
+    size,
 )
 from .timeline import start_timeline, stop_timeline
 

@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 
 from .dtypes import as_host_array
-from .ops import Average, ReduceOp, Sum, resolve_op
+from .ops import Average, ReduceOp, resolve_op
 from .process_sets import ProcessSet
 
 __all__ = ["host", "name_arg", "scale_arg", "reduce_args", "root_arg", "splits_arg", "need_dim"]

@@ -16,7 +16,7 @@ from . import mpi_ops
 from .checks import host, name_arg, need_dim, reduce_args, root_arg, splits_arg
 from .errors import MismatchError
 from .negotiation import JOIN, Signature, agree, exchange, format_mismatch, joinable
-from .ops import Average, Sum
+from .ops import Average, ReduceOp, Sum
 from .process_sets import ProcessSet, resolve
 
 __all__ = [
