@@ -42,7 +42,9 @@ def _env_float(name: str, default: float) -> float:
     try:
         return float(os.environ.get(name, default))
     except ValueError:
-        raise ValueError(f"Environment variable {name} must be a number. Received: {name}={os.environ[name]!r}.") from None
+        raise ValueError(
+            f"Environment variable {name} must be a number. Received: {name}={os.environ[name]!r}."
+        ) from None
 
 
 class Request:
