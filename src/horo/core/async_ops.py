@@ -10,6 +10,7 @@ import numpy as np
 from . import mpi_ops
 from .checks import host, name_arg, need_dim, reduce_args, root_arg, splits_arg
 from .collectives import _broadcast_sig, _writable, allreduce_sig, grouped_sig, reduce_group
+from .device import gpu_twin
 from .engine import Request, auto_name, poll, submit, synchronize
 from .ops import Average, Sum
 from .process_sets import ProcessSet, resolve
@@ -30,6 +31,7 @@ def _allreduce_req(arr: np.ndarray, out: np.ndarray, name: str | None, op: Any, 
                    post=post_f)
 
 
+@gpu_twin
 def allreduce_async(tensor: Any, average: bool | None = None, name: str | None = None, op: Any = None,
                     prescale_factor: float = 1.0, postscale_factor: float = 1.0,
                     process_set: ProcessSet | None = None) -> int:
@@ -42,6 +44,7 @@ def allreduce_async(tensor: Any, average: bool | None = None, name: str | None =
     return submit(ps.engine, req)
 
 
+@gpu_twin
 def allreduce_async_(tensor: np.ndarray, average: bool | None = None, name: str | None = None, op: Any = None,
                      prescale_factor: float = 1.0, postscale_factor: float = 1.0,
                      process_set: ProcessSet | None = None) -> int:
@@ -65,6 +68,7 @@ def allreduce_async_(tensor: np.ndarray, average: bool | None = None, name: str 
     return submit(ps.engine, req)
 
 
+@gpu_twin
 def grouped_allreduce_async(tensors: Sequence[Any], average: bool | None = None, name: str | None = None,
                             op: Any = None, prescale_factor: float = 1.0, postscale_factor: float = 1.0,
                             process_set: ProcessSet | None = None, _inplace: bool = False) -> int:
@@ -91,6 +95,7 @@ def grouped_allreduce_async(tensors: Sequence[Any], average: bool | None = None,
     return submit(ps.engine, Request(name, grouped_sig(arrs, name, rop, pre, post), run))
 
 
+@gpu_twin
 def grouped_allreduce_async_(tensors: Sequence[np.ndarray], average: bool | None = None, name: str | None = None,
                              op: Any = None, prescale_factor: float = 1.0, postscale_factor: float = 1.0,
                              process_set: ProcessSet | None = None) -> int:
@@ -98,6 +103,7 @@ def grouped_allreduce_async_(tensors: Sequence[np.ndarray], average: bool | None
                                    _inplace=True)
 
 
+@gpu_twin
 def allgather_async(tensor: Any, name: str | None = None, process_set: ProcessSet | None = None) -> int:
     what = "horo.allgather_async"
     ps = resolve(process_set, what)
@@ -135,16 +141,19 @@ def _broadcast_async(tensor: Any, root_rank: int, name: str | None, process_set:
     return submit(ps.engine, Request(name, _broadcast_sig(arr, int(root_rank), name), run))
 
 
+@gpu_twin
 def broadcast_async(tensor: Any, root_rank: int, name: str | None = None,
                     process_set: ProcessSet | None = None) -> int:
     return _broadcast_async(tensor, root_rank, name, process_set, inplace=False)
 
 
+@gpu_twin
 def broadcast_async_(tensor: np.ndarray, root_rank: int, name: str | None = None,
                      process_set: ProcessSet | None = None) -> int:
     return _broadcast_async(tensor, root_rank, name, process_set, inplace=True)
 
 
+@gpu_twin
 def alltoall_async(tensor: Any, splits: Any = None, name: str | None = None,
                    process_set: ProcessSet | None = None) -> int:
     what = "horo.alltoall_async"
@@ -158,6 +167,7 @@ def alltoall_async(tensor: Any, splits: Any = None, name: str | None = None,
     return submit(ps.engine, Request(name, sig, lambda comm: mpi_ops.alltoall(comm, send, s)))
 
 
+@gpu_twin
 def reducescatter_async(tensor: Any, op: Any = Average, name: str | None = None,
                         process_set: ProcessSet | None = None, prescale_factor: float = 1.0,
                         postscale_factor: float = 1.0) -> int:

@@ -14,6 +14,7 @@ import numpy as np
 
 from . import mpi_ops
 from .checks import host, name_arg, need_dim, reduce_args, root_arg, splits_arg
+from .device import gpu_twin
 from .errors import MismatchError
 from .negotiation import JOIN, Signature, agree, exchange, format_mismatch, joinable
 from .ops import Average, ReduceOp, Sum
@@ -38,6 +39,7 @@ def grouped_sig(arrs: Sequence[np.ndarray], name: str | None, op: ReduceOp, pre:
             ("op", op), ("prescale_factor", pre), ("postscale_factor", post))
 
 
+@gpu_twin
 def allreduce(tensor: Any, average: bool | None = None, name: str | None = None, op: Any = None,
               prescale_factor: float = 1.0, postscale_factor: float = 1.0,
               process_set: ProcessSet | None = None) -> np.ndarray:
@@ -51,6 +53,7 @@ def allreduce(tensor: Any, average: bool | None = None, name: str | None = None,
     return mpi_ops.allreduce_into(ps.comm, send, np.empty(send.shape, send.dtype), rop, pre, post)
 
 
+@gpu_twin
 def allreduce_(tensor: np.ndarray, average: bool | None = None, name: str | None = None, op: Any = None,
                prescale_factor: float = 1.0, postscale_factor: float = 1.0,
                process_set: ProcessSet | None = None) -> np.ndarray:
@@ -105,6 +108,7 @@ def _grouped(tensors: Sequence[Any], what: str, writable: bool) -> list[np.ndarr
     return [(_writable(t, what) if writable else host(t, what, f"tensors[{i}]")) for i, t in enumerate(tensors)]
 
 
+@gpu_twin
 def grouped_allreduce(tensors: Sequence[Any], average: bool | None = None, name: str | None = None,
                       op: Any = None, prescale_factor: float = 1.0, postscale_factor: float = 1.0,
                       process_set: ProcessSet | None = None) -> list[np.ndarray]:
@@ -119,6 +123,7 @@ def grouped_allreduce(tensors: Sequence[Any], average: bool | None = None, name:
     return reduce_group(ps.comm, arrs, rop[0], pre[0], post[0])
 
 
+@gpu_twin
 def grouped_allreduce_(tensors: Sequence[np.ndarray], average: bool | None = None, name: str | None = None,
                        op: Any = None, prescale_factor: float = 1.0, postscale_factor: float = 1.0,
                        process_set: ProcessSet | None = None) -> list[np.ndarray]:
@@ -130,6 +135,7 @@ def grouped_allreduce_(tensors: Sequence[np.ndarray], average: bool | None = Non
     return arrs
 
 
+@gpu_twin
 def allgather(tensor: Any, name: str | None = None, process_set: ProcessSet | None = None) -> np.ndarray:
     """Concatenate every rank's ``tensor`` along dim 0 (dim 0 may differ between ranks)."""
     what = "horo.allgather"
@@ -142,6 +148,7 @@ def allgather(tensor: Any, name: str | None = None, process_set: ProcessSet | No
     return mpi_ops.allgather(ps.comm, np.ascontiguousarray(arr), np.array(counts, dtype=np.int64))
 
 
+@gpu_twin
 def grouped_allgather(tensors: Sequence[Any], name: str | None = None,
                       process_set: ProcessSet | None = None) -> list[np.ndarray]:
     return [allgather(t, name=None if name is None else f"{name}.{i}", process_set=process_set)
@@ -153,6 +160,7 @@ def _broadcast_sig(arr: np.ndarray, root: int, name: str | None) -> Signature:
             ("root_rank", root))
 
 
+@gpu_twin
 def broadcast(tensor: Any, root_rank: int, name: str | None = None,
               process_set: ProcessSet | None = None) -> np.ndarray:
     """Return root_rank's ``tensor`` on every rank (a new array; root_rank is a global rank)."""
@@ -165,6 +173,7 @@ def broadcast(tensor: Any, root_rank: int, name: str | None = None,
     return mpi_ops.broadcast_into(ps.comm, out, root)
 
 
+@gpu_twin
 def broadcast_(tensor: np.ndarray, root_rank: int, name: str | None = None,
                process_set: ProcessSet | None = None) -> np.ndarray:
     """In-place broadcast into ``tensor``; returns it."""
@@ -180,6 +189,7 @@ def broadcast_(tensor: np.ndarray, root_rank: int, name: str | None = None,
     return arr
 
 
+@gpu_twin
 def alltoall(tensor: Any, splits: Any = None, name: str | None = None,
              process_set: ProcessSet | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Send ``splits[r]`` rows to rank r; returns (received rows, received splits)."""
@@ -194,6 +204,7 @@ def alltoall(tensor: Any, splits: Any = None, name: str | None = None,
     return mpi_ops.alltoall(ps.comm, np.ascontiguousarray(arr), s)
 
 
+@gpu_twin
 def reducescatter(tensor: Any, op: Any = Average, name: str | None = None,
                   process_set: ProcessSet | None = None, prescale_factor: float = 1.0,
                   postscale_factor: float = 1.0) -> np.ndarray:
@@ -209,6 +220,7 @@ def reducescatter(tensor: Any, op: Any = Average, name: str | None = None,
     return mpi_ops.reducescatter(ps.comm, np.ascontiguousarray(arr), rop, pre, post)
 
 
+@gpu_twin
 def grouped_reducescatter(tensors: Sequence[Any], op: Any = Average, name: str | None = None,
                           process_set: ProcessSet | None = None, prescale_factor: float = 1.0,
                           postscale_factor: float = 1.0) -> list[np.ndarray]:

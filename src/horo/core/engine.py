@@ -297,6 +297,10 @@ class Engine:
         bit = self.cache.get(name)
         sig = self.cache_sigs[bit] if bit is not None else self.sig_of[name]
         f = dict(sig)
+        if f.get("device"):  # GPU ranks issue one unfused call per name: mirror it exactly
+            from .device_collectives import joined_zeros_run
+
+            return Request(name, sig, joined_zeros_run(f))
         if f["collective"] == "allreduce":
             z = np.zeros(f["shape"], dtype=f["dtype"])
             return Request(name, sig, send=z, out=z, op=f["op"], pre=f["prescale_factor"],

@@ -722,7 +722,9 @@ def grouped_allreduce_into(be: NcclBackend, sends: Sequence[Any], outs: Sequence
             allreduce_into(be, s, o, op, prescale, postscale, dtype=None if dtypes is None else dtypes[i],
                            stream=stream)
         return outs
-    limit = int(float(os.environ.get("HORO_FUSION_THRESHOLD", str(8 * 1024 * 1024)))) if threshold is None else threshold
+    if threshold is None:
+        threshold = int(float(os.environ.get("HORO_FUSION_THRESHOLD", str(8 * 1024 * 1024))))
+    limit = threshold
     logicals = [np.dtype(dtypes[i] if dtypes is not None else s.dtype) for i, s in enumerate(sends)]
     plans = [reduce_plan(d, op, be.bf16_native) for d in logicals]
     with cupy.cuda.Device(be.device):

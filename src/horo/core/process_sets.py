@@ -142,6 +142,11 @@ def release(ps: ProcessSet) -> None:
     if ps.engine is not None:
         ps.engine.stop()
         ps.engine = None
+    from . import nccl
+
+    for comm in (ps.engine_comm, ps.comm):
+        if comm is not None:
+            nccl.release(comm)
     for name in ("engine_comm", "comm"):
         comm = getattr(ps, name)
         if comm is not None and comm is not state.world:

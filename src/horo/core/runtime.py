@@ -129,6 +129,9 @@ def shutdown() -> None:
     try:
         for ps in sorted(state.process_sets.values(), key=lambda p: -int(p.process_set_id or 0)):
             release(ps)
+        from . import nccl
+
+        nccl.release_all()
         for comm in (state.local, state.cross, state.world):
             if comm is not None:
                 comm.Free()
