@@ -1,0 +1,77 @@
+"""Self-launch: ``python train.py`` with ``Trainer(strategy="horo", devices=N)`` starts N MPI ranks itself."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import NoReturn
+
+__all__ = ["launcher_rank", "relaunch", "relaunch_command", "started_by_mpi"]
+
+# Set by MPI launchers in every rank (MPICH/Intel hydra, PMIx, Open MPI, MVAPICH) and by our own relaunch.
+_LAUNCHER_VARS = ("PMI_RANK", "PMI_SIZE", "PMIX_RANK", "OMPI_COMM_WORLD_SIZE", "MV2_COMM_WORLD_SIZE",
+                  "MPI_LOCALRANKID", "HORO_SELF_LAUNCHED")
+
+
+def launcher_rank() -> int | None:
+    """This process's rank as the MPI launcher announced it (without initialising MPI), if any."""
+    for var in ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "MV2_COMM_WORLD_RANK"):
+        value = os.environ.get(var, "")
+        if value.isdigit():
+            return int(value)
+    return None
+
+
+def started_by_mpi() -> bool:
+    """True in a process started by mpiexec / hororun (or by a horo self-launch)."""
+    return any(var in os.environ for var in _LAUNCHER_VARS)
+
+
+def _mpiexec() -> str | None:
+    for cand in (Path(sys.executable).parent / "mpiexec", Path(sys.prefix) / "bin" / "mpiexec"):
+        if cand.exists() and os.access(cand, os.X_OK):
+            return str(cand)
+    return shutil.which("mpiexec")
+
+
+def relaunch_command(nprocs: int) -> list[str]:
+    """The command that re-runs this script's command line on ``nprocs`` ranks (hororun, else mpiexec)."""
+    argv = list(getattr(sys, "orig_argv", [sys.executable, *sys.argv]))[1:]
+    rank_cmd = [sys.executable, *argv]
+    if os.environ.get("HORO_LAUNCHER", "hororun") != "mpiexec" and importlib.util.find_spec("horo.run"):
+        return [sys.executable, "-m", "horo.run", "-np", str(nprocs), *rank_cmd]
+    mpiexec = _mpiexec()
+    if mpiexec is None:
+        raise RuntimeError("horo could not find mpiexec to start the ranks. HINT: pip install mpich (or start "
+                           "the job yourself: hororun -np N python train.py).")
+    return [mpiexec, "-n", str(nprocs), *rank_cmd]
+
+
+def relaunch(nprocs: int) -> NoReturn:
+    """Run this script again on ``nprocs`` MPI ranks, wait for them, and exit with their status."""
+    if hasattr(sys, "ps1") or sys.flags.interactive or "ipykernel" in sys.modules:
+        raise RuntimeError(
+            f"Trainer(strategy='horo', devices={nprocs}) outside MPI starts {nprocs} processes by re-running "
+            "the script, which an interactive session cannot do. HINT: run a script (python train.py), or "
+            "start the ranks yourself: hororun -np N python train.py."
+        )
+    cmd = relaunch_command(nprocs)
+    env = dict(os.environ, HORO_SELF_LAUNCHED="1")
+    env.setdefault("OMP_NUM_THREADS", "1")
+    sys.stderr.write(f"horo: starting {nprocs} ranks: {' '.join(cmd)}\n")
+    sys.stdout.flush()
+    sys.stderr.flush()
+    proc = subprocess.Popen(cmd, env=env)
+    forward = (signal.SIGINT, signal.SIGTERM)
+    previous = {sig: signal.signal(sig, lambda s, _f: proc.send_signal(s)) for sig in forward}
+    try:
+        rc = proc.wait()
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    sys.exit(rc if rc >= 0 else 128 - rc)

@@ -1,0 +1,185 @@
+"""Collectives on torch tensors without autograd: in-place (``_``) and asynchronous (``_async``) forms.
+
+Handles are horo's core handles; ``synchronize(handle)`` returns torch tensors (on the input's device) and,
+for in-place forms, the input tensor itself, now holding the result.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+from .. import core
+from ..core.ops import Average
+from ..core.process_sets import ProcessSet
+from ..plugins.torch import Staged, stage
+
+__all__ = [
+    "allgather_async",
+    "allreduce_",
+    "allreduce_async",
+    "allreduce_async_",
+    "alltoall_async",
+    "barrier",
+    "broadcast_",
+    "broadcast_async",
+    "broadcast_async_",
+    "grouped_allreduce_",
+    "grouped_allreduce_async",
+    "grouped_allreduce_async_",
+    "join",
+    "poll",
+    "reducescatter_async",
+    "synchronize",
+]
+
+_finishers: dict[int, Callable[[Any], Any]] = {}
+_lock = threading.Lock()
+
+
+def _track(handle: int, finish: Callable[[Any], Any]) -> int:
+    with _lock:
+        _finishers[handle] = finish
+    return handle
+
+
+def poll(handle: int) -> bool:
+    """True when the operation behind ``handle`` has finished (``synchronize`` will not block)."""
+    return core.poll(handle)
+
+
+def synchronize(handle: int) -> Any:
+    """Wait for the operation behind ``handle``; returns its tensor(s), raising its error if it failed."""
+    with _lock:
+        finish = _finishers.pop(handle, None) if isinstance(handle, int) else None
+    result = core.synchronize(handle)
+    return finish(result) if finish is not None else result
+
+
+def _splits(splits: Any) -> Any:
+    return splits.detach().cpu().tolist() if isinstance(splits, torch.Tensor) else splits
+
+
+# ------------------------------------------------------------------------------------------- allreduce
+def allreduce_async(tensor: torch.Tensor, average: bool | None = None, name: str | None = None, op: Any = None,
+                    prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+                    process_set: ProcessSet | None = None) -> int:
+    """Start an allreduce; ``synchronize`` returns a new tensor. Leave ``tensor`` unchanged until then."""
+    s = stage(tensor, "horo.torch.allreduce_async")
+    h = core.allreduce_async(s.array, average, name, op, prescale_factor, postscale_factor, process_set)
+    return _track(h, s.wrap)
+
+
+def allreduce_async_(tensor: torch.Tensor, average: bool | None = None, name: str | None = None, op: Any = None,
+                     prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+                     process_set: ProcessSet | None = None) -> int:
+    """Start an in-place allreduce; ``synchronize`` returns ``tensor`` holding the result."""
+    s = stage(tensor, "horo.torch.allreduce_async_")
+    h = core.allreduce_async_(s.array, average, name, op, prescale_factor, postscale_factor, process_set)
+    return _track(h, lambda _: s.commit())
+
+
+def allreduce_(tensor: torch.Tensor, average: bool | None = None, name: str | None = None, op: Any = None,
+               prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+               process_set: ProcessSet | None = None) -> torch.Tensor:
+    """In-place allreduce (no autograd): ``tensor`` holds the result; returns it."""
+    s = stage(tensor, "horo.torch.allreduce_")
+    core.allreduce_(s.array, average, name, op, prescale_factor, postscale_factor, process_set)
+    return s.commit()
+
+
+def _stage_all(tensors: Sequence[torch.Tensor], what: str) -> list[Staged]:
+    if not isinstance(tensors, (list, tuple)) or not tensors:
+        raise TypeError(f"{what} takes a non-empty list of tensors. Received: tensors={tensors!r}. "
+                        "HINT: pass [t1, t2, ...].")
+    return [stage(t, what, f"tensors[{i}]") for i, t in enumerate(tensors)]
+
+
+def grouped_allreduce_async(tensors: Sequence[torch.Tensor], average: bool | None = None, name: str | None = None,
+                            op: Any = None, prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+                            process_set: ProcessSet | None = None) -> int:
+    staged = _stage_all(tensors, "horo.torch.grouped_allreduce_async")
+    h = core.grouped_allreduce_async([s.array for s in staged], average, name, op, prescale_factor,
+                                     postscale_factor, process_set)
+    return _track(h, lambda outs: [s.wrap(o) for s, o in zip(staged, outs)])
+
+
+def grouped_allreduce_async_(tensors: Sequence[torch.Tensor], average: bool | None = None,
+                             name: str | None = None, op: Any = None, prescale_factor: float = 1.0,
+                             postscale_factor: float = 1.0, process_set: ProcessSet | None = None) -> int:
+    staged = _stage_all(tensors, "horo.torch.grouped_allreduce_async_")
+    h = core.grouped_allreduce_async_([s.array for s in staged], average, name, op, prescale_factor,
+                                      postscale_factor, process_set)
+    return _track(h, lambda _: [s.commit() for s in staged])
+
+
+def grouped_allreduce_(tensors: Sequence[torch.Tensor], average: bool | None = None, name: str | None = None,
+                       op: Any = None, prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+                       process_set: ProcessSet | None = None) -> list[torch.Tensor]:
+    staged = _stage_all(tensors, "horo.torch.grouped_allreduce_")
+    core.grouped_allreduce_([s.array for s in staged], average, name, op, prescale_factor, postscale_factor,
+                            process_set)
+    return [s.commit() for s in staged]
+
+
+# ----------------------------------------------------------------------------------- data movement
+def allgather_async(tensor: torch.Tensor, name: str | None = None, process_set: ProcessSet | None = None) -> int:
+    s = stage(tensor, "horo.torch.allgather_async")
+    return _track(core.allgather_async(s.array, name, process_set), s.wrap)
+
+
+def broadcast_async(tensor: torch.Tensor, root_rank: int, name: str | None = None,
+                    process_set: ProcessSet | None = None) -> int:
+    s = stage(tensor, "horo.torch.broadcast_async")
+    return _track(core.broadcast_async(s.array, root_rank, name, process_set), s.wrap)
+
+
+def broadcast_async_(tensor: torch.Tensor, root_rank: int, name: str | None = None,
+                     process_set: ProcessSet | None = None) -> int:
+    s = stage(tensor, "horo.torch.broadcast_async_")
+    return _track(core.broadcast_async_(s.array, root_rank, name, process_set), lambda _: s.commit())
+
+
+def broadcast_(tensor: torch.Tensor, root_rank: int, name: str | None = None,
+               process_set: ProcessSet | None = None) -> torch.Tensor:
+    """In-place broadcast (no autograd): ``tensor`` gets root_rank's values; returns it."""
+    s = stage(tensor, "horo.torch.broadcast_")
+    core.broadcast_(s.array, root_rank, name, process_set)
+    return s.commit()
+
+
+def _alltoall_result(s: Staged) -> Callable[[tuple[np.ndarray, np.ndarray]], tuple[torch.Tensor, torch.Tensor]]:
+    def finish(result: tuple[np.ndarray, np.ndarray]) -> tuple[torch.Tensor, torch.Tensor]:
+        out, received = result
+        return s.wrap(out), torch.from_numpy(received.astype(np.int32))
+
+    return finish
+
+
+def alltoall_async(tensor: torch.Tensor, splits: Any = None, name: str | None = None,
+                   process_set: ProcessSet | None = None) -> int:
+    """``synchronize`` returns ``(output, received_splits)``."""
+    s = stage(tensor, "horo.torch.alltoall_async")
+    return _track(core.alltoall_async(s.array, _splits(splits), name, process_set), _alltoall_result(s))
+
+
+def reducescatter_async(tensor: torch.Tensor, op: Any = Average, name: str | None = None,
+                        process_set: ProcessSet | None = None, prescale_factor: float = 1.0,
+                        postscale_factor: float = 1.0) -> int:
+    s = stage(tensor, "horo.torch.reducescatter_async")
+    h = core.reducescatter_async(s.array, op, name, process_set, prescale_factor, postscale_factor)
+    return _track(h, s.wrap)
+
+
+def barrier(process_set: ProcessSet | None = None) -> None:
+    core.barrier(process_set=process_set)
+
+
+def join(device: int = -1) -> int:
+    """Horovod's ``join``; ``device`` is accepted for compatibility (zeros are made on the host)."""
+    return core.join()
+
