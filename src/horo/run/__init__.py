@@ -36,10 +36,13 @@ def _usage_error(message: str) -> int:
     return 2
 
 
-def _rank_env(base: dict[str, str], timeline: str | None) -> dict[str, str]:
+def _rank_env(base: dict[str, str], timeline: str | None, np_: int | None = None) -> dict[str, str]:
     """The variables hororun adds or changes for the ranks."""
     path = base.get("PYTHONPATH")
     extra = {"PYTHONPATH": RANK_HOOK_DIR + (os.pathsep + path if path else "")}
+    if np_ is not None and np_ > (os.cpu_count() or 1) and "MPIR_CVAR_ENABLE_HEAVY_YIELD" not in base:
+        # More ranks than cores: MPICH's busy-polling ranks would steal the cores the others compute on.
+        extra["MPIR_CVAR_ENABLE_HEAVY_YIELD"] = "1"
     if timeline is not None:
         # Absolute, so every rank writes where the user meant even if it starts in another directory.
         extra["HORO_TIMELINE"] = os.path.abspath(timeline)
@@ -82,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
         return _usage_error(str(exc))
 
     flavor = detect_flavor(mpiexec)
-    extra = _rank_env(dict(os.environ), ns.timeline)
+    extra = _rank_env(dict(os.environ), ns.timeline, ns.np)
     env = {**os.environ, **extra}
     genv: dict[str, str] = {}
     if "HORO_TIMELINE" in extra:
