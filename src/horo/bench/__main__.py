@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import os
 import sys
 
@@ -17,6 +18,10 @@ def _is_rank0() -> bool:
         if var in os.environ:
             return os.environ[var] == "0"
     return True
+
+
+def _present(name: str) -> bool:
+    return importlib.util.find_spec(f"horo.bench.{name}") is not None
 
 
 def _usage() -> str:
@@ -46,11 +51,12 @@ def main(argv: list[str] | None = None) -> int:
         if _is_rank0():
             missing = exc.name or "?"
             if missing == f"horo.bench.{name}":
-                why = f"the module horo.bench.{name} is not part of this installation"
+                why = (f"the module horo.bench.{name} is not part of this installation. HINT: update horo; "
+                       f"available here: {', '.join(n for n in BENCHES if _present(n))}")
             else:
-                why = f"it needs the package {missing!r}, which is not installed"
-            print(f"horo.bench: cannot run benchmark {name!r}: {why}. HINT: install horo's extras "
-                  "(pip install 'horo[keras]' or 'horo[lightning]').", file=sys.stderr)
+                why = (f"it needs the package {missing!r}, which is not installed. HINT: install horo's "
+                       "extras (pip install 'horo[keras]' or 'horo[lightning]')")
+            print(f"horo.bench: cannot run benchmark {name!r}: {why}.", file=sys.stderr)
         return 2
     return int(module.main(rest) or 0)
 

@@ -13,8 +13,8 @@ from typing import Any
 import numpy as np
 
 __all__ = [
-    "parse_size", "parse_sizes", "fmt_size", "algbw", "busbw", "time_interleaved", "Timing", "md_table",
-    "limit_threads", "env_summary", "fmt_f",
+    "Timing", "algbw", "busbw", "env_summary", "fmt_f", "fmt_size", "limit_threads", "md_table", "parse_size",
+    "parse_sizes", "time_interleaved",
 ]
 
 _UNITS = {"": 1, "b": 1, "k": 1 << 10, "kb": 1 << 10, "kib": 1 << 10, "m": 1 << 20, "mb": 1 << 20,
@@ -56,7 +56,7 @@ def fmt_size(nbytes: float) -> str:
 
 
 def fmt_f(value: float | None, digits: int = 1) -> str:
-    return "-" if value is None or value != value else f"{value:.{digits}f}"
+    return "-" if value is None or np.isnan(value) else f"{value:.{digits}f}"
 
 
 def algbw(nbytes: int, seconds: float) -> float:
@@ -78,6 +78,10 @@ class Timing:
     def median(self, name: str) -> float:
         return statistics.median(self.samples[name])
 
+    def stat(self, name: str, how: str = "median") -> float:
+        """``median`` (default) or ``min`` of the repeats."""
+        return min(self.samples[name]) if how == "min" else self.median(name)
+
     def spread(self, name: str) -> float:
         """(max - min) / median of the repeats: a rough noise indicator."""
         s = self.samples[name]
@@ -88,7 +92,7 @@ class Timing:
 
 
 def time_interleaved(comm: Any, variants: dict[str, Callable[[], Any]], iters: int, repeats: int,
-                     warmup: int = 1, setup: dict[str, Callable[[], Any]] | None = None) -> Timing:
+                     warmup: int = 1) -> Timing:
     """Time each variant ``repeats`` times, rotating the order every repeat so noise hits all of them.
 
     One sample = mean time of ``iters`` back-to-back calls after a barrier; each sample is then replaced by
@@ -100,7 +104,6 @@ def time_interleaved(comm: Any, variants: dict[str, Callable[[], Any]], iters: i
         iters: calls per sample.
         repeats: samples per variant.
         warmup: untimed calls per variant before the first repeat.
-        setup: optional name -> callable run (untimed, before the barrier) ahead of each sample.
     """
     from mpi4py import MPI
 
@@ -113,8 +116,6 @@ def time_interleaved(comm: Any, variants: dict[str, Callable[[], Any]], iters: i
         k = rep % len(names)
         for i in list(range(k, len(names))) + list(range(k)):
             fn = variants[names[i]]
-            if setup and names[i] in setup:
-                setup[names[i]]()
             comm.Barrier()
             t0 = time.perf_counter()
             for _ in range(iters):
@@ -154,7 +155,7 @@ def env_summary(n: int) -> str:
 
     lib = MPI.Get_library_version().splitlines()[0].strip()
     try:
-        load = "load avg %.2f %.2f %.2f" % os.getloadavg()
+        load = "load avg {:.2f} {:.2f} {:.2f}".format(*os.getloadavg())
     except OSError:
         load = "load avg ?"
     return (f"ranks={n}, cores={os.cpu_count()}, {load}, OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS')}, "

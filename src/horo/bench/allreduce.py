@@ -3,16 +3,18 @@
     hororun -np 2 python -m horo.bench allreduce [--sizes 4B..64MiB] [--factor 4] [--iters N]
                                                  [--repeats R] [--dtype float32] [--json FILE] [--gpu]
 
-For every size, four variants run interleaved in the same process on equally sized buffers:
+For every size, five variants run interleaved in the same process on equally sized buffers:
 
-- ``raw``: ``comm.Allreduce(send, recv, op=MPI.SUM)`` on a dup of COMM_WORLD (the baseline);
+- ``raw``: ``comm.Allreduce(send, recv, op=MPI.SUM)`` on a dup of COMM_WORLD (baseline of ``horo``);
+- ``raw_``: ``comm.Allreduce(MPI.IN_PLACE, buf, op=MPI.SUM)`` (baseline of ``horo_`` and ``async``);
 - ``horo``: ``horo.allreduce(send, op=horo.Sum)`` (synchronous, out-of-place: allocates its result);
 - ``horo_``: ``horo.allreduce_(buf, op=horo.Sum)`` (synchronous, in place);
 - ``async``: ``horo.synchronize(horo.allreduce_async_(buf, name=..., op=horo.Sum))`` (background engine).
 
-Time is the median over repeats of the slowest rank's mean per call; algbw = bytes / time and
-busbw = algbw * 2(n-1)/n (nccl-tests). ``raw/x`` > 1 means x is faster than raw MPI; ``+µs`` is the added
-latency x - raw. Targets: raw/horo >= 0.95 from 1 MiB up, horo - raw <= 30 µs for small sizes.
+Time is the median (``--stat min``: minimum) over repeats of the slowest rank's mean per call;
+algbw = bytes / time and busbw = algbw * 2(n-1)/n (nccl-tests). ``base/x`` = baseline time / x time (> 1:
+x is faster than raw MPI); ``+µs`` = x - baseline. Targets: base/x >= 0.95 from 1 MiB up, +µs <= 30 up to
+64 KiB. ``spread`` = (max - min) / median of the repeats, a noise indicator.
 """
 
 from __future__ import annotations
@@ -25,43 +27,68 @@ from typing import Any
 import numpy as np
 
 from horo.bench._util import (
-    algbw, busbw, env_summary, fmt_f, fmt_size, limit_threads, md_table, parse_sizes, time_interleaved,
+    Timing,
+    algbw,
+    busbw,
+    env_summary,
+    fmt_f,
+    fmt_size,
+    limit_threads,
+    md_table,
+    parse_sizes,
+    time_interleaved,
 )
 
 RATIO_FROM = 1 << 20  # bandwidth target applies from this size up
 SMALL_UP_TO = 64 << 10  # latency target applies up to this size
 RATIO_TARGET = 0.95
 LATENCY_TARGET_US = 30.0
-VARIANTS = ("raw", "horo", "horo_", "async")
+VARIANTS = ("raw", "raw_", "horo", "horo_", "async")
+BASELINE = {"horo": "raw", "horo_": "raw_", "async": "raw_"}
 
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m horo.bench allreduce",
                                 description="horo.allreduce vs raw mpi4py Allreduce (run under hororun).")
-    p.add_argument("--sizes", default="4B..64MiB",
+    p.add_argument("--sizes", default=None,
                    help="LO..HI (powers of --factor) or a list like 1KiB,1MiB (default 4B..64MiB)")
     p.add_argument("--factor", type=int, default=4, help="step between sizes in a LO..HI range (default 4)")
     p.add_argument("--iters", type=int, default=0,
-                   help="calls per timed sample (default: by size, 500 for small down to 3 for 64 MiB)")
-    p.add_argument("--repeats", type=int, default=7, help="samples per variant; the median is shown (default 7)")
+                   help="calls per timed sample (default: by size, 30 for small down to 3 from 512 KiB)")
+    p.add_argument("--repeats", type=int, default=11, help="samples per variant (default 11)")
     p.add_argument("--dtype", default="float32",
                    choices=["float32", "float64", "int32", "int64", "int8", "uint8", "float16", "bfloat16"])
+    p.add_argument("--stat", choices=["median", "min"], default="median",
+                   help="summary of the repeats (default median; min is steadier on a shared machine)")
     p.add_argument("--json", metavar="FILE", help="also write every sample (rank 0) to FILE")
-    p.add_argument("--gpu", action="store_true", help="reserved: the NCCL backend on GPU buffers")
+    p.add_argument("--gpu", action="store_true",
+                   help="GPU buffers over NCCL instead (forwards to `python -m horo.bench gpu`; needs cupy and a GPU)")
     return p
 
 
 def _auto_iters(nbytes: int) -> int:
-    return int(min(500, max(3, (32 << 20) // max(nbytes, 1))))
+    # Short samples (~0.1-1 ms) and many repeats: on a shared machine a descheduled rank ruins a whole
+    # sample, and the median (or min) then discards it.
+    return int(min(30, max(3, (1 << 20) // max(nbytes, 1))))
 
 
-def _gpu_available() -> bool:
+def _forward_gpu(args: argparse.Namespace) -> int:
+    """``--gpu``: run ``horo.bench gpu`` (NCCL) with the options it shares; exit 0 without cupy or a GPU."""
     try:
-        import cupy
-
-        return cupy.cuda.runtime.getDeviceCount() > 0
-    except Exception:  # noqa: BLE001 - no cupy, no driver, no device: all mean "unavailable"
-        return False
+        from horo.bench import gpu
+    except ImportError:
+        print("horo.bench allreduce --gpu: needs cupy and a GPU (and horo's NCCL backend); skipping.")
+        return 0
+    argv = ["--factor", str(args.factor), "--repeats", str(args.repeats), "--stat", args.stat]
+    if args.sizes_given:
+        argv += ["--sizes", args.sizes]
+    if args.iters:
+        argv += ["--iters", str(args.iters)]
+    if args.dtype in gpu.DTYPES:
+        argv += ["--dtype", args.dtype]
+    if args.json:
+        argv += ["--json", args.json]
+    return int(gpu.main(argv) or 0)
 
 
 def _np_dtype(name: str) -> np.dtype:
@@ -72,14 +99,27 @@ def _np_dtype(name: str) -> np.dtype:
     return np.dtype(name)
 
 
+def _variants(horo: Any, comm: Any, send: np.ndarray, recv: np.ndarray, inplace: np.ndarray, abuf: np.ndarray,
+              rbuf: np.ndarray, raw_ok: bool) -> dict[str, Any]:
+    from mpi4py import MPI
+
+    variants: dict[str, Any] = {}
+    if raw_ok:
+        variants["raw"] = lambda: comm.Allreduce(send, recv, op=MPI.SUM)
+        variants["raw_"] = lambda: comm.Allreduce(MPI.IN_PLACE, rbuf, op=MPI.SUM)
+    variants["horo"] = lambda: horo.allreduce(send, op=horo.Sum)
+    variants["horo_"] = lambda: horo.allreduce_(inplace, op=horo.Sum)
+    variants["async"] = lambda: horo.synchronize(horo.allreduce_async_(abuf, name="bench.allreduce", op=horo.Sum))
+    return variants
+
+
 def main(argv: list[str]) -> int:
     args = _parser().parse_args(argv)
+    args.sizes_given = args.sizes is not None
+    if args.sizes is None:
+        args.sizes = "4B..64MiB"
     if args.gpu:
-        if not _gpu_available():
-            print("horo.bench allreduce --gpu: needs cupy and a GPU; skipping.")
-            return 0
-        print("horo.bench allreduce --gpu: the NCCL backend benchmark is not implemented yet; skipping.")
-        return 0
+        return _forward_gpu(args)
     try:
         sizes = parse_sizes(args.sizes, args.factor)
     except ValueError as exc:
@@ -97,10 +137,11 @@ def main(argv: list[str]) -> int:
     dtype = _np_dtype(args.dtype)
     raw_ok = args.dtype not in ("float16", "bfloat16")  # MPI has no reduction on these; horo upcasts
     if rank == 0:
-        print(f"# horo.bench allreduce: op=Sum, dtype={dtype}, repeats={args.repeats}")
+        print(f"# horo.bench allreduce: op=Sum, dtype={dtype}, repeats={args.repeats}, stat={args.stat}")
         print(f"# {env_summary(n)}")
-        print("# time = median over repeats of the slowest rank's mean per call; "
-              "busbw = algbw*2(n-1)/n; raw/x > 1: x faster than raw")
+        print("# sample = the slowest rank's mean time per call over a few back-to-back calls; median/min over "
+              f"repeats; algbw, busbw (= algbw*2(n-1)/n), base/x and +µs use the {args.stat}; base/x > 1: x faster "
+              "than its raw baseline (horo vs raw, horo_ and async vs raw_)")
         sys.stdout.flush()
 
     rows: list[list[str]] = []
@@ -120,25 +161,22 @@ def main(argv: list[str]) -> int:
                 raise AssertionError(f"horo.{what} gave a wrong result at {fmt_size(real_bytes)}")
         inplace[...] = 0
         abuf[...] = 0
-        variants: dict[str, Any] = {}
-        if raw_ok:
-            variants["raw"] = lambda: comm.Allreduce(send, recv, op=MPI.SUM)
-        variants["horo"] = lambda: horo.allreduce(send, op=horo.Sum)
-        variants["horo_"] = lambda: horo.allreduce_(inplace, op=horo.Sum)
-        variants["async"] = lambda: horo.synchronize(
-            horo.allreduce_async_(abuf, name="bench.allreduce", op=horo.Sum))
+        rbuf = np.zeros_like(send)
+        variants = _variants(horo, comm, send, recv, inplace, abuf, rbuf, raw_ok)
         iters = args.iters or _auto_iters(real_bytes)
         timing = time_interleaved(comm, variants, iters=iters, repeats=args.repeats,
                                   warmup=max(2, iters // 10))
-        med = timing.medians()
-        raw_t = med.get("raw")
+        med = {k: timing.stat(k, args.stat) for k in timing.samples}
         for name in VARIANTS:
             if name not in med:
                 continue
             t = med[name]
-            ratio = raw_t / t if raw_t and name != "raw" else None
-            added = (t - raw_t) * 1e6 if raw_t and name != "raw" else None
-            rows.append([fmt_size(real_bytes), name, fmt_f(t * 1e6), fmt_f(algbw(real_bytes, t), 3),
+            base = med.get(BASELINE.get(name, ""))
+            ratio = base / t if base else None
+            added = (t - base) * 1e6 if base else None
+            rows.append([fmt_size(real_bytes), name, fmt_f(timing.median(name) * 1e6),
+                         fmt_f(min(timing.samples[name]) * 1e6),
+                         fmt_f(algbw(real_bytes, t), 3),
                          fmt_f(busbw(real_bytes, t, n), 3), fmt_f(ratio, 2), fmt_f(added),
                          f"{timing.spread(name) * 100:.0f}%"])
         results.append({"bytes": real_bytes, "count": count, "iters": iters, "samples_s": timing.samples})
@@ -148,10 +186,10 @@ def main(argv: list[str]) -> int:
 
     if rank == 0:
         print()
-        print(md_table(["size", "variant", "time µs", "algbw GB/s", "busbw GB/s", "raw/x", "+µs", "spread"],
-                       rows, align="llrrrrrr"))
+        print(md_table(["size", "variant", "median µs", "min µs", "algbw GB/s", "busbw GB/s", "base/x", "+µs",
+                        "spread"], rows, align="llrrrrrrr"))
         print()
-        _summary(results, n)
+        _summary(results, args.stat)
         if args.json:
             with open(args.json, "w") as f:
                 json.dump({"ranks": n, "dtype": str(dtype), "results": results}, f, indent=1)
@@ -160,32 +198,31 @@ def main(argv: list[str]) -> int:
     return 0
 
 
-def _summary(results: list[dict[str, Any]], n: int) -> None:
-    import statistics
-
+def _summary(results: list[dict[str, Any]], stat: str) -> None:
     def med(r: dict[str, Any], k: str) -> float | None:
         s = r["samples_s"].get(k)
-        return statistics.median(s) if s else None
+        return Timing({k: s}).stat(k, stat) if s else None
 
     if not results or med(results[0], "raw") is None:
         print("no raw MPI baseline for this dtype: targets not checked")
         return
     for name, label in (("horo", "horo.allreduce"), ("horo_", "horo.allreduce_"), ("async", "async engine")):
-        big = [(r["bytes"], med(r, "raw") / med(r, name)) for r in results if r["bytes"] >= RATIO_FROM]
-        small = [(r["bytes"], (med(r, name) - med(r, "raw")) * 1e6) for r in results
+        b_ = BASELINE[name]
+        big = [(r["bytes"], med(r, b_) / med(r, name)) for r in results if r["bytes"] >= RATIO_FROM]
+        small = [(r["bytes"], (med(r, name) - med(r, b_)) * 1e6) for r in results
                  if r["bytes"] <= SMALL_UP_TO]
         parts = []
         if big:
             b, worst = min(big, key=lambda x: x[1])
             ok = "PASS" if worst >= RATIO_TARGET else "FAIL"
-            parts.append(f"min raw/x from 1 MiB = {worst:.2f} at {fmt_size(b)} "
+            parts.append(f"min {b_}/x from 1 MiB = {worst:.2f} at {fmt_size(b)} "
                          f"(target >= {RATIO_TARGET}) {ok}")
         if small:
             b, worst = max(small, key=lambda x: x[1])
             ok = "PASS" if worst <= LATENCY_TARGET_US else "FAIL"
             parts.append(f"max added latency up to 64 KiB = {worst:.1f} µs at {fmt_size(b)} "
                          f"(target <= {LATENCY_TARGET_US:.0f} µs) {ok}")
-        print(f"- {label}: " + "; ".join(parts))
+        print(f"- {label} (vs {b_}): " + "; ".join(parts))
 
 
 if __name__ == "__main__":

@@ -1,0 +1,233 @@
+"""Keras ``fit`` step time with horo.keras: weak scaling 1 -> N ranks, fp16 compression, size-1 overhead.
+
+Run: ``python -m horo.bench keras [--np 2 --steps 40 --repeats 3 --backend tensorflow]`` (no launcher: it
+starts ``mpiexec -n 1`` and ``mpiexec -n N`` itself, alternating them ``--repeats`` times).
+
+Model: an MLP 784-1024-512-10 (1.33 M parameters, 5.3 MB of float32 gradients), SGD with momentum, the
+same per-rank batch at every size, one compute thread per rank. Reported per variant: median step time.
+
+- weak-scaling efficiency = t(1 rank, plain optimizer) / t(N ranks, DistributedOptimizer)
+- fp16 efficiency         = the same with ``compression=hvd.Compression.fp16``
+- size-1 overhead         = t(1 rank, DistributedOptimizer) / t(1 rank, plain optimizer) - 1
+- exchange                = one ``grouped_allreduce`` of the model's gradient list at N ranks, outside Keras
+- limit                   = t1 / (t1 + exchange): the best efficiency a non-overlapping exchange allows
+
+Under a launcher (``hororun -np N python -m horo.bench keras``) it measures this size only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from horo.bench._util import env_summary, md_table
+
+_MARK = "HORO_KERAS_BENCH "
+_RANK_VARS = ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK")
+
+
+def _parse(argv: list[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m horo.bench keras", description=__doc__.splitlines()[0])
+    p.add_argument("--np", type=int, default=2, help="ranks of the scaled run")
+    p.add_argument("--batch-size", type=int, default=64, help="samples per rank and step")
+    p.add_argument("--steps", type=int, default=40, help="timed steps per sample")
+    p.add_argument("--warmup", type=int, default=8, help="untimed steps at the start of each sample")
+    p.add_argument("--repeats", type=int, default=3, help="samples per variant (runs alternate sizes)")
+    p.add_argument("--backend", default=os.environ.get("KERAS_BACKEND", "tensorflow"),
+                   choices=("tensorflow", "torch"), help="Keras backend")
+    p.add_argument("--timeout", type=float, default=600, help="limit per mpiexec run, seconds")
+    p.add_argument("--json", type=Path, default=None, help="also write the results here")
+    p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    return p.parse_args(argv)
+
+
+# -- worker (inside an MPI job) ------------------------------------------------------------------------
+
+def _limit_threads(backend: str) -> None:
+    for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "TF_NUM_INTEROP_THREADS",
+                "TF_NUM_INTRAOP_THREADS"):
+        os.environ.setdefault(var, "1")
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+    os.environ["KERAS_BACKEND"] = backend
+
+
+def _model(keras: Any) -> Any:
+    keras.utils.set_random_seed(0)
+    return keras.Sequential([keras.Input((784,)), keras.layers.Dense(1024, activation="relu"),
+                             keras.layers.Dense(512, activation="relu"), keras.layers.Dense(10)])
+
+
+def _step_time(keras: Any, hvd: Any, make_opt: Any, data: Any, args: argparse.Namespace) -> float:
+    """Median-free mean step time of ``args.steps`` fit steps after ``args.warmup`` (rank 0's clock)."""
+    import numpy as np
+
+    stamps: list[float] = []
+    clock = keras.callbacks.LambdaCallback(on_train_batch_end=lambda b, logs: stamps.append(time.perf_counter()))
+    model = _model(keras)
+    model.compile(optimizer=make_opt(), loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                  jit_compile=False)
+    hvd.barrier()
+    model.fit(data, steps_per_epoch=args.warmup + args.steps, epochs=1, verbose=0, callbacks=[clock])
+    t = np.array(stamps)
+    return float((t[-1] - t[args.warmup - 1]) / args.steps)
+
+
+def _exchange_time(hvd: Any, model_vars: list[Any], repeats: int = 20) -> float:
+    """One grouped_allreduce of float32 arrays shaped like the gradients (the raw cost being hidden)."""
+    import numpy as np
+
+    import horo
+
+    grads = [np.random.default_rng(0).random(tuple(v.shape), dtype=np.float32) for v in model_vars]
+    times = []
+    for _ in range(repeats + 3):
+        horo.barrier()
+        t0 = time.perf_counter()
+        horo.grouped_allreduce(grads)
+        times.append(time.perf_counter() - t0)
+    return float(statistics.median(times[3:]))
+
+
+def _worker(args: argparse.Namespace) -> int:
+    _limit_threads(args.backend)
+    import keras
+    import numpy as np
+
+    import horo.keras as hvd
+
+    hvd.init()
+    if args.backend == "tensorflow":
+        import tensorflow as tf
+
+        rng = np.random.default_rng(hvd.rank())
+        x = rng.random((args.batch_size, 784), dtype=np.float32)
+        y = rng.integers(0, 10, args.batch_size)
+        data = tf.data.Dataset.from_tensors((x, y)).repeat()
+    else:
+        import torch
+
+        torch.set_num_threads(1)
+        rng = np.random.default_rng(hvd.rank())
+        x = rng.random((args.batch_size, 784), dtype=np.float32)
+        y = rng.integers(0, 10, args.batch_size)
+        data = _repeat_forever(x, y)
+
+    def sgd() -> Any:
+        return keras.optimizers.SGD(0.01, momentum=0.9)
+
+    if hvd.size() == 1:
+        variants = {"plain": sgd, "horo": lambda: hvd.DistributedOptimizer(sgd())}
+    else:
+        variants = {"horo": lambda: hvd.DistributedOptimizer(sgd()),
+                    "horo fp16": lambda: hvd.DistributedOptimizer(sgd(), compression=hvd.Compression.fp16)}
+    result: dict[str, Any] = {"size": hvd.size(), "params": _model(keras).count_params()}
+    for name, make in variants.items():
+        result[name] = _step_time(keras, hvd, make, data, args)
+    if hvd.size() > 1:
+        result["exchange"] = _exchange_time(hvd, _model(keras).trainable_variables)
+    result["env"] = env_summary(hvd.size())
+    if hvd.rank() == 0:
+        print(_MARK + json.dumps(result), flush=True)
+    hvd.shutdown()
+    return 0
+
+
+def _repeat_forever(x: Any, y: Any) -> Any:
+    class Forever:
+        """A generator-like dataset for the torch backend (no tf.data needed)."""
+
+        def __iter__(self) -> Any:
+            while True:
+                yield x, y
+
+    return iter(Forever())
+
+
+# -- launcher --------------------------------------------------------------------------------------------
+
+def _mpiexec() -> str:
+    cand = Path(sys.executable).parent / "mpiexec"
+    if cand.exists():
+        return str(cand)
+    from shutil import which
+
+    found = which("mpiexec")
+    if not found:
+        raise FileNotFoundError("no mpiexec found. Received: PATH without mpiexec. HINT: pip install mpich.")
+    return found
+
+
+def _run(n: int, args: argparse.Namespace, passthrough: list[str]) -> dict[str, Any]:
+    cmd = [_mpiexec(), "-n", str(n), sys.executable, "-m", "horo.bench.keras", "--worker", *passthrough]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+    try:
+        out, _ = proc.communicate(timeout=args.timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, _ = proc.communicate()
+        raise RuntimeError(f"benchmark run with {n} rank(s) timed out. Received: --timeout={args.timeout}. "
+                           f"HINT: lower --steps. Output tail:\n{out[-3000:]}") from None
+    for line in out.splitlines():
+        if line.startswith(_MARK):
+            return json.loads(line[len(_MARK):])
+    raise RuntimeError(f"benchmark run with {n} rank(s) failed (exit {proc.returncode}): "
+                       f"{shlex.join(cmd)}\n{out[-3000:]}")
+
+
+def _report(ones: list[dict[str, Any]], many: list[dict[str, Any]], args: argparse.Namespace) -> dict[str, Any]:
+    med = statistics.median
+    t1, t1h = med(r["plain"] for r in ones), med(r["horo"] for r in ones)
+    tn, tnf = med(r["horo"] for r in many), med(r["horo fp16"] for r in many)
+    ex = med(r["exchange"] for r in many)
+    summary = {
+        "backend": args.backend, "np": args.np, "batch_size": args.batch_size, "params": ones[0]["params"],
+        "t1_plain_ms": t1 * 1e3, "t1_horo_ms": t1h * 1e3, "tn_horo_ms": tn * 1e3, "tn_fp16_ms": tnf * 1e3,
+        "exchange_ms": ex * 1e3, "efficiency": t1 / tn, "efficiency_fp16": t1 / tnf,
+        "size1_overhead": t1h / t1 - 1, "limit": t1 / (t1 + ex), "repeats": args.repeats,
+        "env": many[0]["env"],
+    }
+    rows = [
+        ["1 rank, plain keras SGD", f"{t1 * 1e3:.1f}", "-"],
+        ["1 rank, DistributedOptimizer", f"{t1h * 1e3:.1f}", f"overhead {100 * summary['size1_overhead']:+.1f}%"],
+        [f"{args.np} ranks, DistributedOptimizer", f"{tn * 1e3:.1f}", f"efficiency {100 * t1 / tn:.0f}%"],
+        [f"{args.np} ranks, Compression.fp16", f"{tnf * 1e3:.1f}", f"efficiency {100 * t1 / tnf:.0f}%"],
+        [f"raw exchange of the gradients ({args.np} ranks)", f"{ex * 1e3:.1f}",
+         f"limit {100 * summary['limit']:.0f}%"],
+    ]
+    print(f"Keras fit, {args.backend} backend, MLP {ones[0]['params'] / 1e6:.2f} M params, batch "
+          f"{args.batch_size}/rank, median of {args.repeats} alternating runs x {args.steps} steps")
+    print(md_table(["variant", "ms / step", "vs 1 rank plain"], rows))
+    print(summary["env"])
+    return summary
+
+
+def main(argv: list[str]) -> int:
+    args = _parse(list(argv))
+    if args.worker:
+        return _worker(args)
+    if any(v in os.environ for v in _RANK_VARS):  # already inside a launcher: measure this size only
+        return _worker(args)
+    passthrough = ["--batch-size", str(args.batch_size), "--steps", str(args.steps), "--warmup",
+                   str(args.warmup), "--backend", args.backend]
+    ones, many = [], []
+    for _ in range(args.repeats):  # alternate sizes so that machine noise hits both alike
+        ones.append(_run(1, args, passthrough))
+        many.append(_run(args.np, args, passthrough))
+    summary = _report(ones, many, args)
+    if args.json:
+        args.json.write_text(json.dumps({"summary": summary, "runs_1": ones, "runs_n": many}, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
