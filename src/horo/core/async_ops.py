@@ -82,15 +82,10 @@ def grouped_allreduce_async(tensors: Sequence[Any], average: bool | None = None,
     for a in arrs[1:]:
         reduce_args(a, op, average, prescale_factor, postscale_factor, what)
     name = name_arg(name, what) or auto_name("grouped_allreduce")
-    snapshot = [np.ascontiguousarray(a) for a in arrs]
+    snapshot = [a if a.flags.c_contiguous else np.ascontiguousarray(a) for a in arrs]
 
     def run(comm: Any) -> list[np.ndarray]:
-        outs = reduce_group(comm, snapshot, rop, pre, post)
-        if _inplace:
-            for a, o in zip(arrs, outs):
-                a[...] = o
-            return arrs
-        return outs
+        return reduce_group(comm, snapshot, rop, pre, post, outs=arrs if _inplace else None)
 
     return submit(ps.engine, Request(name, grouped_sig(arrs, name, rop, pre, post), run))
 

@@ -7,6 +7,7 @@ tiny allgather more than raw MPI.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence
 from typing import Any
 
@@ -14,6 +15,7 @@ import numpy as np
 
 from . import mpi_ops
 from .checks import host, name_arg, need_dim, reduce_args, root_arg, splits_arg
+from .config import config
 from .device import gpu_twin
 from .errors import MismatchError
 from .negotiation import JOIN, Signature, agree, exchange, format_mismatch, joinable
@@ -80,26 +82,53 @@ def _writable(tensor: Any, what: str) -> np.ndarray:
     return arr
 
 
-def reduce_group(comm: Any, arrs: Sequence[np.ndarray], op: ReduceOp, pre: float, post: float) -> list[np.ndarray]:
-    """Reduce several arrays with one MPI call per dtype; returns new arrays (views of fused buffers)."""
-    outs: list[np.ndarray | None] = [None] * len(arrs)
-    by_dtype: dict[np.dtype, list[int]] = {}
+_LOCAL = threading.local()  # fusion buffers per thread: callers and engine threads each reuse their own
+
+
+def _fusion_buffer(dtype: np.dtype, n: int) -> np.ndarray:
+    bufs = getattr(_LOCAL, "bufs", None)
+    if bufs is None:
+        bufs = _LOCAL.bufs = {}
+    buf = bufs.get(dtype)
+    if buf is None or buf.size < n:
+        buf = bufs[dtype] = np.empty(n, dtype=dtype)
+    return buf[:n]
+
+
+def reduce_group(comm: Any, arrs: Sequence[np.ndarray], op: ReduceOp, pre: float, post: float,
+                 outs: Sequence[np.ndarray] | None = None) -> list[np.ndarray]:
+    """Reduce several arrays: each large one in its own (chunked) call, the small ones of a dtype packed.
+
+    The sequence of MPI calls depends only on the shapes, dtypes and the agreed fusion threshold, so it
+    is the same on every rank (and for a joined rank's zeros).
+
+    Args:
+        outs: where the results go (e.g. the inputs themselves, for in-place); new arrays when None.
+    """
+    threshold = config.int("HORO_FUSION_THRESHOLD")
+    results: list[np.ndarray] = [np.empty(a.shape, a.dtype) for a in arrs] if outs is None else list(outs)
+    small: dict[np.dtype, list[int]] = {}
     for i, a in enumerate(arrs):
-        by_dtype.setdefault(a.dtype, []).append(i)
-    for dtype, idx in by_dtype.items():
-        total = sum(arrs[i].size for i in idx)
-        buf = np.empty(total, dtype=dtype)
-        offsets = []
+        if a.nbytes < threshold:
+            small.setdefault(a.dtype, []).append(i)
+            continue
+        out = results[i]
+        target = out if out.flags.c_contiguous else np.empty(out.shape, out.dtype)
+        mpi_ops.allreduce_into(comm, a if a.flags.c_contiguous else np.ascontiguousarray(a), target, op, pre, post)
+        if target is not out:
+            out[...] = target
+    for dtype, idx in small.items():
+        buf = _fusion_buffer(dtype, sum(arrs[i].size for i in idx))
         off = 0
         for i in idx:
-            n = arrs[i].size
-            buf[off:off + n] = arrs[i].reshape(-1)
-            offsets.append(off)
-            off += n
+            buf[off:off + arrs[i].size] = arrs[i].reshape(-1)
+            off += arrs[i].size
         mpi_ops.allreduce_into(comm, buf, buf, op, pre, post)
-        for i, off in zip(idx, offsets):
-            outs[i] = buf[off:off + arrs[i].size].reshape(arrs[i].shape)
-    return outs  # type: ignore[return-value]
+        off = 0
+        for i in idx:
+            results[i][...] = buf[off:off + arrs[i].size].reshape(arrs[i].shape)
+            off += arrs[i].size
+    return results
 
 
 def _grouped(tensors: Sequence[Any], what: str, writable: bool) -> list[np.ndarray]:
@@ -128,11 +157,14 @@ def grouped_allreduce_(tensors: Sequence[np.ndarray], average: bool | None = Non
                        op: Any = None, prescale_factor: float = 1.0, postscale_factor: float = 1.0,
                        process_set: ProcessSet | None = None) -> list[np.ndarray]:
     """In-place grouped allreduce; returns the input arrays, now holding the results."""
-    arrs = _grouped(tensors, "horo.grouped_allreduce_", writable=True)
-    outs = grouped_allreduce(arrs, average, name, op, prescale_factor, postscale_factor, process_set)
-    for a, o in zip(arrs, outs):
-        a[...] = o
-    return arrs
+    what = "horo.grouped_allreduce_"
+    ps = resolve(process_set, what)
+    arrs = _grouped(tensors, what, writable=True)
+    if not arrs:
+        return []
+    rop, pre, post = zip(*(reduce_args(a, op, average, prescale_factor, postscale_factor, what) for a in arrs))
+    agree(ps.comm, grouped_sig(arrs, name_arg(name, what), rop[0], pre[0], post[0]), ranks=ps.ranks)
+    return reduce_group(ps.comm, arrs, rop[0], pre[0], post[0], outs=arrs)
 
 
 @gpu_twin
@@ -242,7 +274,6 @@ def join() -> int:
         The rank that joined last.
     """
     ps = resolve(None, "horo.join")
-    import threading
 
     # The engine serves the other ranks' async allreduces meanwhile; this thread serves synchronous ones.
     engine_join = threading.Thread(target=ps.engine.join, name="horo-join", daemon=True)

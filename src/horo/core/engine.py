@@ -16,7 +16,6 @@ seen: that is what lets the stall inspector name it.
 from __future__ import annotations
 
 import itertools
-import os
 import sys
 import threading
 import time
@@ -26,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from . import mpi_ops
+from .config import config
 from .errors import HoroError, HoroInternalError, MismatchError, StallError
 from .negotiation import JOIN, Signature, format_mismatch, joinable
 from .ops import ReduceOp
@@ -36,15 +36,6 @@ __all__ = ["Engine", "Request", "submit", "poll", "synchronize", "auto_name"]
 _SHUTDOWN, _UNCACHED, _STALLED, _JOINED = 1, 2, 4, 8
 _HDR = 1
 _AUTO = ".noname."
-
-
-def _env_float(name: str, default: float) -> float:
-    try:
-        return float(os.environ.get(name, default))
-    except ValueError:
-        raise ValueError(
-            f"Environment variable {name} must be a number. Received: {name}={os.environ[name]!r}."
-        ) from None
 
 
 class Request:
@@ -84,13 +75,13 @@ class Engine:
         self.cache: dict[str, int] = {}
         self.cache_sigs: list[Signature] = []
         self.cache_names: list[str] = []
-        self.capacity = int(_env_float("HORO_CACHE_CAPACITY", 1024))
-        self.threshold = int(_env_float("HORO_FUSION_THRESHOLD", 8 * 1024 * 1024))
-        self.idle_s = _env_float("HORO_CYCLE_TIME", 2.0) / 1000.0
+        self.capacity = config.int("HORO_CACHE_CAPACITY")
+        self.threshold = config.int("HORO_FUSION_THRESHOLD")
+        self.idle_s = max(config["HORO_CYCLE_TIME"], 0.1) / 1000.0
         self.busy_cap_s = min(self.idle_s, 2e-4)
         self.spin = 200
-        self.stall_check_s = _env_float("HORO_STALL_CHECK_TIME_SECONDS", 60.0)
-        self.stall_shutdown_s = _env_float("HORO_STALL_SHUTDOWN_TIME_SECONDS", 0.0)
+        self.stall_check_s = config["HORO_STALL_CHECK_TIME_SECONDS"]
+        self.stall_shutdown_s = config["HORO_STALL_SHUTDOWN_TIME_SECONDS"]
         self.first_seen: dict[str, float] = {}
         self.sig_of: dict[str, Signature] = {}  # agreed signatures of names run this round
         self.first_round: dict[str, dict[int, int]] = {}
@@ -170,7 +161,7 @@ class Engine:
         A few quick polls first (peers usually arrive together), then exponential back-off; while
         this rank has work pending the back-off stays short, and a new submission cuts it off.
         """
-        for _ in range(self.spin):
+        for _ in range(self.spin if self.pending else 0):  # idle rounds must not tax other MPI traffic
             if mpi_req.Test():
                 return
             time.sleep(0)

@@ -10,6 +10,7 @@ from typing import Any
 
 import numpy as np
 
+from .config import config
 from .dtypes import needs_upcast
 from .ops import Average, Max, Min, Product, ReduceOp, Sum
 
@@ -63,29 +64,39 @@ def _finish(buf: np.ndarray, op: ReduceOp, size: int, postscale: float) -> None:
 
 def allreduce_into(comm: Any, send: np.ndarray, out: np.ndarray, op: ReduceOp,
                    prescale: float = 1.0, postscale: float = 1.0) -> np.ndarray:
-    """Reduce ``send`` across ``comm`` into ``out`` (both C-contiguous, same shape; may be the same array)."""
-    size = comm.Get_size()
+    """Reduce ``send`` across ``comm`` into ``out`` (both C-contiguous, same shape; may be the same array).
+
+    Large arrays go in ``HORO_CHUNK_BYTES`` pieces (the same on every rank, see config), which keeps each
+    MPI call cache-sized; 16-bit floats are widened to float32 one piece at a time.
+    """
     if MPI is None:
         _load()
+    size = comm.Get_size()
+    inplace = send is out or send.ctypes.data == out.ctypes.data
+    src, dst = send.reshape(-1), out.reshape(-1)
+    chunk = max(1, config.int("HORO_CHUNK_BYTES"))
     if needs_upcast(send.dtype):
-        work = send.astype(np.float32)
-        if prescale != 1.0:
-            work *= prescale
-        comm.Allreduce(MPI.IN_PLACE, work, op=_MPI_OPS[op])
-        _finish(work, op, size, postscale)
-        out[...] = work.astype(out.dtype)
+        step = max(1, chunk // 4)
+        for s in range(0, max(src.size, 1), step):
+            work = src[s:s + step].astype(np.float32)
+            if prescale != 1.0:
+                work *= prescale
+            comm.Allreduce(MPI.IN_PLACE, work, op=_MPI_OPS[op])
+            _finish(work, op, size, postscale)
+            dst[s:s + step] = work
         return out
     if prescale != 1.0:
-        if out is send:
-            np.multiply(out, prescale, out=out, casting="unsafe")
+        np.multiply(src, prescale, out=dst, casting="unsafe")
+        inplace = True
+    mpi_op = _mpi_op(op, out.dtype)
+    step = max(1, chunk // out.dtype.itemsize)
+    for s in range(0, max(src.size, 1), step):
+        piece = dst[s:s + step]
+        if inplace:
+            comm.Allreduce(MPI.IN_PLACE, _typed(piece), op=mpi_op)
         else:
-            np.multiply(send, prescale, out=out, casting="unsafe")
-        send = out
-    if out is send:
-        comm.Allreduce(MPI.IN_PLACE, _typed(out), op=_mpi_op(op, out.dtype))
-    else:
-        comm.Allreduce(_typed(send), _typed(out), op=_mpi_op(op, out.dtype))
-    _finish(out, op, size, postscale)
+            comm.Allreduce(_typed(src[s:s + step]), _typed(piece), op=mpi_op)
+        _finish(piece, op, size, postscale)
     return out
 
 

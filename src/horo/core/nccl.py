@@ -713,7 +713,7 @@ def grouped_allreduce_into(be: NcclBackend, sends: Sequence[Any], outs: Sequence
                            threshold: int | None = None) -> Sequence[Any]:
     """Reduce several arrays: small ones packed into a per-dtype GPU fusion buffer, all in one NCCL group.
 
-    Arrays of at least ``threshold`` bytes (default ``HORO_FUSION_THRESHOLD``, 8 MiB) that need no cast are
+    Arrays of at least ``threshold`` bytes (default ``HORO_NCCL_FUSION_THRESHOLD``, 8 MiB) that need no cast are
     reduced in place in ``outs`` instead of being copied. ``outs[i]`` may be ``sends[i]``.
     """
     cupy, nccl = load_cupy()
@@ -723,7 +723,9 @@ def grouped_allreduce_into(be: NcclBackend, sends: Sequence[Any], outs: Sequence
                            stream=stream)
         return outs
     if threshold is None:
-        threshold = int(float(os.environ.get("HORO_FUSION_THRESHOLD", str(8 * 1024 * 1024))))
+        from .config import config
+
+        threshold = config.int("HORO_NCCL_FUSION_THRESHOLD")
     limit = threshold
     logicals = [np.dtype(dtypes[i] if dtypes is not None else s.dtype) for i, s in enumerate(sends)]
     plans = [reduce_plan(d, op, be.bf16_native) for d in logicals]

@@ -55,6 +55,9 @@ def init(comm: Any = None, process_sets: Sequence[ProcessSet] | None = None) -> 
             f"init(process_sets=...) takes a list of horo.ProcessSet. Received: process_sets={process_sets!r}."
         )
     world = base.Dup()
+    from .config import share
+
+    share(world)  # before any engine exists: they read the agreed values
     me = world.Get_rank()
     local = world.Split_type(MPI.COMM_TYPE_SHARED, key=me)
     cross = world.Split(local.Get_rank(), key=me)
