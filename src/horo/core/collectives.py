@@ -52,7 +52,7 @@ def allreduce(tensor: Any, average: bool | None = None, name: str | None = None,
     rop, pre, post = reduce_args(arr, op, average, prescale_factor, postscale_factor, what)
     agree(ps.comm, allreduce_sig(arr, name_arg(name, what), rop, pre, post), ranks=ps.ranks)
     send = arr if arr.flags.c_contiguous else np.ascontiguousarray(arr)
-    return mpi_ops.allreduce_into(ps.comm, send, np.empty(send.shape, send.dtype), rop, pre, post)
+    return mpi_ops.allreduce_into(ps.comm, send, mpi_ops.result_buffer(send.shape, send.dtype), rop, pre, post)
 
 
 @gpu_twin

@@ -6,6 +6,8 @@ shared by the direct (synchronous) path and the engine's background thread.
 
 from __future__ import annotations
 
+import math
+import sys
 from typing import Any
 
 import numpy as np
@@ -72,7 +74,7 @@ def allreduce_into(comm: Any, send: np.ndarray, out: np.ndarray, op: ReduceOp,
     if MPI is None:
         _load()
     size = comm.Get_size()
-    inplace = send is out or send.ctypes.data == out.ctypes.data
+    inplace = send is out  # every in-place caller passes the same object
     src, dst = send.reshape(-1), out.reshape(-1)
     chunk = max(1, config.int("HORO_CHUNK_BYTES"))
     if needs_upcast(send.dtype):
@@ -98,6 +100,30 @@ def allreduce_into(comm: Any, send: np.ndarray, out: np.ndarray, op: ReduceOp,
             comm.Allreduce(_typed(src[s:s + step]), _typed(piece), op=mpi_op)
         _finish(piece, op, size, postscale)
     return out
+
+
+_POOL: dict[tuple[np.dtype, int], list[np.ndarray]] = {}
+_POOL_MIN_BYTES = 1 << 20
+_POOL_DEPTH = 2
+
+
+def result_buffer(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+    """A new-looking output array; large ones come from a small pool to avoid faulting in fresh pages.
+
+    A pooled buffer is handed out again only once nothing outside the pool refers to it (the caller's
+    result, or any view of it, holds a reference), so a result is never overwritten while alive.
+    """
+    nbytes = math.prod(shape) * dtype.itemsize
+    if nbytes < _POOL_MIN_BYTES:
+        return np.empty(shape, dtype)
+    slots = _POOL.setdefault((dtype, nbytes), [])
+    for buf in slots:
+        if sys.getrefcount(buf) == 3:  # the slot list, this loop variable, getrefcount's argument
+            return buf.reshape(shape)
+    buf = np.empty(nbytes // dtype.itemsize, dtype)
+    if len(slots) < _POOL_DEPTH:
+        slots.append(buf)
+    return buf.reshape(shape)
 
 
 def _bytes(arr: np.ndarray) -> np.ndarray:
