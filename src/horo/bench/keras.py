@@ -9,8 +9,13 @@ same per-rank batch at every size, one compute thread per rank. Reported per var
 - weak-scaling efficiency = t(1 rank, plain optimizer) / t(N ranks, DistributedOptimizer)
 - fp16 efficiency         = the same with ``compression=hvd.Compression.fp16``
 - size-1 overhead         = t(1 rank, DistributedOptimizer) / t(1 rank, plain optimizer) - 1
-- exchange                = one ``grouped_allreduce`` of the model's gradient list at N ranks, outside Keras
-- limit                   = t1 / (t1 + exchange): the best efficiency a non-overlapping exchange allows
+- no exchange             = N ranks training independently with the plain optimizer: the cost of sharing
+                            the machine (cores, memory bandwidth) without any communication
+- exchange                = horo's fused exchange of the model's gradient list at N ranks, outside Keras
+- raw MPI                 = one mpi4py ``Allreduce`` of the same number of bytes (no horo at all)
+- limit                   = t1 / (t1 + raw MPI): the best efficiency a non-overlapping exchange allows
+
+Inside each run the variants are interleaved (rotating order) ``--rounds`` times, the median is kept.
 
 Under a launcher (``hororun -np N python -m horo.bench keras``) it measures this size only.
 """
@@ -41,7 +46,8 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--batch-size", type=int, default=64, help="samples per rank and step")
     p.add_argument("--steps", type=int, default=40, help="timed steps per sample")
     p.add_argument("--warmup", type=int, default=8, help="untimed steps at the start of each sample")
-    p.add_argument("--repeats", type=int, default=3, help="samples per variant (runs alternate sizes)")
+    p.add_argument("--repeats", type=int, default=3, help="runs per size (runs alternate sizes)")
+    p.add_argument("--rounds", type=int, default=2, help="samples per variant inside each run (interleaved)")
     p.add_argument("--backend", default=os.environ.get("KERAS_BACKEND", "tensorflow"),
                    choices=("tensorflow", "torch"), help="Keras backend")
     p.add_argument("--timeout", type=float, default=600, help="limit per mpiexec run, seconds")
@@ -67,7 +73,7 @@ def _model(keras: Any) -> Any:
 
 
 def _step_time(keras: Any, hvd: Any, make_opt: Any, data: Any, args: argparse.Namespace) -> float:
-    """Median-free mean step time of ``args.steps`` fit steps after ``args.warmup`` (rank 0's clock)."""
+    """Mean step time of ``args.steps`` fit steps after ``args.warmup`` untimed ones (rank 0's clock)."""
     import numpy as np
 
     stamps: list[float] = []
@@ -81,20 +87,29 @@ def _step_time(keras: Any, hvd: Any, make_opt: Any, data: Any, args: argparse.Na
     return float((t[-1] - t[args.warmup - 1]) / args.steps)
 
 
-def _exchange_time(hvd: Any, model_vars: list[Any], repeats: int = 20) -> float:
-    """One grouped_allreduce of float32 arrays shaped like the gradients (the raw cost being hidden)."""
+def _exchange_times(model_vars: list[Any], repeats: int = 20) -> tuple[float, float]:
+    """(horo's fused exchange, raw mpi4py Allreduce) of float32 arrays shaped like the gradients."""
     import numpy as np
+    from mpi4py import MPI
 
     import horo
+    from horo.plugins.fused import FusedAllreduce
 
     grads = [np.random.default_rng(0).random(tuple(v.shape), dtype=np.float32) for v in model_vars]
-    times = []
+    flat = np.concatenate([g.reshape(-1) for g in grads])
+    fused = FusedAllreduce()
+    comm = MPI.COMM_WORLD
+    fused_t, raw_t = [], []
     for _ in range(repeats + 3):
         horo.barrier()
         t0 = time.perf_counter()
-        horo.grouped_allreduce(grads)
-        times.append(time.perf_counter() - t0)
-    return float(statistics.median(times[3:]))
+        fused(grads, horo.Average)
+        fused_t.append(time.perf_counter() - t0)
+        comm.Barrier()
+        t0 = time.perf_counter()
+        comm.Allreduce(MPI.IN_PLACE, flat, op=MPI.SUM)
+        raw_t.append(time.perf_counter() - t0)
+    return float(statistics.median(fused_t[3:])), float(statistics.median(raw_t[3:]))
 
 
 def _worker(args: argparse.Namespace) -> int:
@@ -128,15 +143,29 @@ def _worker(args: argparse.Namespace) -> int:
         variants = {"plain": sgd, "horo": lambda: hvd.DistributedOptimizer(sgd())}
     else:
         variants = {"horo": lambda: hvd.DistributedOptimizer(sgd()),
-                    "horo fp16": lambda: hvd.DistributedOptimizer(sgd(), compression=hvd.Compression.fp16)}
+                    "horo fp16": lambda: hvd.DistributedOptimizer(sgd(), compression=hvd.Compression.fp16),
+                    "plain": sgd}  # ranks train independently: what sharing the machine alone costs
     result: dict[str, Any] = {"size": hvd.size(), "params": _model(keras).count_params()}
-    for name, make in variants.items():
-        result[name] = _step_time(keras, hvd, make, data, args)
+    names = list(variants)
+    samples: dict[str, list[float]] = {n: [] for n in names}
+    for r in range(args.rounds):  # rotate the order: a variant never always runs first
+        for name in names[r % len(names):] + names[:r % len(names)]:
+            samples[name].append(_step_time(keras, hvd, variants[name], data, args))
+    for name in names:
+        result[name] = statistics.median(samples[name])
     if hvd.size() > 1:
-        result["exchange"] = _exchange_time(hvd, _model(keras).trainable_variables)
+        result["exchange"], result["raw_mpi"] = _exchange_times(_model(keras).trainable_variables)
     result["env"] = env_summary(hvd.size())
     if hvd.rank() == 0:
-        print(_MARK + json.dumps(result), flush=True)
+        if args.worker:  # read by the launcher side
+            print(_MARK + json.dumps(result), flush=True)
+        else:  # started under hororun / mpiexec by hand: this size only
+            rows = [[name, f"{result[name] * 1e3:.1f}"] for name in names]
+            rows += [[k, f"{result[k] * 1e3:.1f}"] for k in ("exchange", "raw_mpi") if k in result]
+            print(f"Keras fit at {hvd.size()} rank(s), {args.backend} backend (for 1 vs N ranks run "
+                  "`python -m horo.bench keras` without a launcher)")
+            print(md_table(["variant", "ms / step"], rows))
+            print(result["env"])
     hvd.shutdown()
     return 0
 
@@ -187,25 +216,31 @@ def _run(n: int, args: argparse.Namespace, passthrough: list[str]) -> dict[str, 
 def _report(ones: list[dict[str, Any]], many: list[dict[str, Any]], args: argparse.Namespace) -> dict[str, Any]:
     med = statistics.median
     t1, t1h = med(r["plain"] for r in ones), med(r["horo"] for r in ones)
-    tn, tnf = med(r["horo"] for r in many), med(r["horo fp16"] for r in many)
-    ex = med(r["exchange"] for r in many)
+    tn, tnf, tnp = med(r["horo"] for r in many), med(r["horo fp16"] for r in many), med(r["plain"] for r in many)
+    ex, raw = med(r["exchange"] for r in many), med(r["raw_mpi"] for r in many)
     summary = {
         "backend": args.backend, "np": args.np, "batch_size": args.batch_size, "params": ones[0]["params"],
         "t1_plain_ms": t1 * 1e3, "t1_horo_ms": t1h * 1e3, "tn_horo_ms": tn * 1e3, "tn_fp16_ms": tnf * 1e3,
         "exchange_ms": ex * 1e3, "efficiency": t1 / tn, "efficiency_fp16": t1 / tnf,
-        "size1_overhead": t1h / t1 - 1, "limit": t1 / (t1 + ex), "repeats": args.repeats,
+        "tn_plain_ms": tnp * 1e3, "raw_mpi_ms": raw * 1e3, "size1_overhead": t1h / t1 - 1,
+        "limit": t1 / (t1 + raw),
+        "repeats": args.repeats, "rounds": args.rounds,
         "env": many[0]["env"],
     }
     rows = [
         ["1 rank, plain keras SGD", f"{t1 * 1e3:.1f}", "-"],
         ["1 rank, DistributedOptimizer", f"{t1h * 1e3:.1f}", f"overhead {100 * summary['size1_overhead']:+.1f}%"],
+        [f"{args.np} ranks, plain SGD, no exchange (ranks independent)", f"{tnp * 1e3:.1f}",
+         f"efficiency {100 * t1 / tnp:.0f}%"],
         [f"{args.np} ranks, DistributedOptimizer", f"{tn * 1e3:.1f}", f"efficiency {100 * t1 / tn:.0f}%"],
         [f"{args.np} ranks, Compression.fp16", f"{tnf * 1e3:.1f}", f"efficiency {100 * t1 / tnf:.0f}%"],
-        [f"raw exchange of the gradients ({args.np} ranks)", f"{ex * 1e3:.1f}",
+        [f"horo exchange of the gradients alone ({args.np} ranks)", f"{ex * 1e3:.1f}", "-"],
+        [f"raw MPI Allreduce of {4 * ones[0]['params'] / 1e6:.1f} MB ({args.np} ranks)", f"{raw * 1e3:.1f}",
          f"limit {100 * summary['limit']:.0f}%"],
     ]
     print(f"Keras fit, {args.backend} backend, MLP {ones[0]['params'] / 1e6:.2f} M params, batch "
-          f"{args.batch_size}/rank, median of {args.repeats} alternating runs x {args.steps} steps")
+          f"{args.batch_size}/rank, median of {args.repeats} runs per size x {args.rounds} rounds x "
+          f"{args.steps} steps")
     print(md_table(["variant", "ms / step", "vs 1 rank plain"], rows))
     print(summary["env"])
     return summary
@@ -218,7 +253,7 @@ def main(argv: list[str]) -> int:
     if any(v in os.environ for v in _RANK_VARS):  # already inside a launcher: measure this size only
         return _worker(args)
     passthrough = ["--batch-size", str(args.batch_size), "--steps", str(args.steps), "--warmup",
-                   str(args.warmup), "--backend", args.backend]
+                   str(args.warmup), "--backend", args.backend, "--rounds", str(args.rounds)]
     ones, many = [], []
     for _ in range(args.repeats):  # alternate sizes so that machine noise hits both alike
         ones.append(_run(1, args, passthrough))

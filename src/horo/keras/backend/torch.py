@@ -1,0 +1,122 @@
+"""Keras on torch: the train step runs eagerly, so gradients go to the core as zero-copy numpy views."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from ...plugins.fused import FusedAllreduce
+from ...plugins.grad_settings import Settings
+
+__all__ = ["exchange", "LocalAggregator", "GRAD_NAME"]
+
+GRAD_NAME = "horo.keras.gradients"
+
+
+def _to_host(t: Any) -> np.ndarray:
+    import torch
+
+    t = t.detach()
+    if t.is_sparse:
+        t = t.to_dense()
+    if t.device.type != "cpu":
+        t = t.cpu()
+    if t.dtype == torch.bfloat16:  # numpy has no bfloat16: reinterpret the bits as ml_dtypes' bfloat16
+        from ...core.dtypes import BFLOAT16
+
+        return t.contiguous().view(torch.int16).numpy().view(BFLOAT16)
+    return t.contiguous().numpy()
+
+
+def _from_host(a: np.ndarray, like: Any) -> Any:
+    import torch
+
+    from ...core.dtypes import BFLOAT16
+
+    if BFLOAT16 is not None and a.dtype == BFLOAT16:
+        t = torch.from_numpy(a.view(np.int16)).view(torch.bfloat16)
+    else:
+        t = torch.from_numpy(a)
+    return t if like.device.type == "cpu" else t.to(like.device)
+
+
+def _compress(t: Any, compression: Any) -> tuple[Any, Any]:
+    import torch
+
+    wire = getattr(compression, "wire_dtype", "custom")
+    if wire is None:
+        return t, None
+    if wire in ("float16", "bfloat16"):
+        target = torch.float16 if wire == "float16" else torch.bfloat16
+        if t.is_floating_point() and t.dtype != target:
+            return t.to(target), t.dtype
+        return t, None
+    return compression.compress(t)
+
+
+def _decompress(t: Any, ctx: Any, compression: Any) -> Any:
+    wire = getattr(compression, "wire_dtype", "custom")
+    if wire in (None, "float16", "bfloat16"):
+        return t if ctx is None else t.to(ctx)
+    return compression.decompress(t, ctx)
+
+
+def check_not_compiled() -> None:
+    """Refuse to run under torch.compile (Keras ``jit_compile=True``): MPI calls cannot be traced."""
+    import torch
+
+    if torch.compiler.is_compiling():
+        raise ValueError(
+            "horo.keras.DistributedOptimizer cannot run inside torch.compile: the gradient exchange calls "
+            "MPI on host buffers, which TorchDynamo cannot trace. Received: jit_compile=True. "
+            "HINT: pass jit_compile=False to model.compile(...)."
+        )
+
+
+def exchange(grads: Sequence[Any], settings: Settings, fused: FusedAllreduce) -> list[Any]:
+    """Reduce a step's gradients across the ranks in one fused exchange (order and dtypes kept)."""
+    check_not_compiled()
+    grads = list(grads)
+    idx = [i for i, g in enumerate(grads) if g is not None]
+    if not idx:
+        return grads
+    wires, ctxs = zip(*(_compress(grads[i].detach(), settings.compression) for i in idx))
+    outs = fused([_to_host(w) for w in wires], settings.op, settings.prescale_factor,
+                 settings.postscale_factor, settings.process_set, GRAD_NAME)
+    for k, i in enumerate(idx):
+        grads[i] = _decompress(_from_host(outs[k], wires[k]), ctxs[k], settings.compression)
+    return grads
+
+
+class LocalAggregator:
+    """Horovod's ``backward_passes_per_step``: sum gradients locally, exchange and apply every N passes."""
+
+    def __init__(self, passes: int, average: bool) -> None:
+        self.passes = passes
+        self.average = average
+        self.count = 0
+        self.sums: list[Any] | None = None
+
+    def step(self, optimizer: Any, grads: Sequence[Any], variables: Sequence[Any],
+             apply_now: Callable[[list[Any]], Any]) -> None:
+        """Add this pass's gradients; on every N-th pass call ``apply_now`` on the (averaged) sums."""
+        import torch
+
+        if self.sums is None:
+            self.sums = [None if g is None else torch.zeros_like(g.detach()) for g in grads]
+        with torch.no_grad():
+            for acc, g in zip(self.sums, grads):
+                if g is not None:
+                    acc.add_(g.detach())
+        self.count += 1
+        if self.count < self.passes:
+            optimizer.iterations.assign_add(1)  # as in Horovod: iterations count backward passes
+            return
+        summed = [None if a is None else (a / self.passes if self.average else a.clone()) for a in self.sums]
+        for a in self.sums:
+            if a is not None:
+                a.zero_()
+        self.count = 0
+        apply_now(summed)

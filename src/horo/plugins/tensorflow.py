@@ -1,0 +1,294 @@
+"""TensorFlow adapter: tf tensors <-> numpy for the core collectives, eagerly and inside ``tf.function``.
+
+Eagerly, a collective reads the tensor's host buffer (``.numpy()``) and wraps the result as a tensor. When
+traced, each exchange is ONE ``tf.numpy_function`` (so a whole gradient list costs one Python round trip
+and one fused MPI call per dtype), and static shapes are restored on its outputs. XLA cannot compile a
+``numpy_function``, so tracing under ``jit_compile=True`` raises right away with the fix.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from .. import core
+from ..core.compression import Compression
+from ..core.dtypes import check_dtype
+from ..core.ops import Average, ReduceOp, Sum, resolve_op
+from ..core.process_sets import ProcessSet, resolve
+from .fused import FusedAllreduce
+from .packing import broadcast_arrays
+
+__all__ = [
+    "import_tf", "check_not_xla", "allreduce", "grouped_allreduce", "allgather", "broadcast", "alltoall",
+    "reducescatter", "reduce_gradients", "broadcast_variables", "set_size",
+]
+
+_GRAD_NAME = "horo.gradients"
+
+
+def import_tf() -> Any:
+    """Return the ``tensorflow`` module, or raise an ImportError naming the extra to install."""
+    try:
+        import tensorflow as tf
+    except ImportError as exc:
+        raise ImportError(
+            f"horo's TensorFlow support needs TensorFlow. Received: import tensorflow failed ({exc}). "
+            "HINT: pip install 'horo[keras]'."
+        ) from exc
+    return tf
+
+
+def check_not_xla(what: str) -> None:
+    """Raise at trace time when the enclosing function is XLA-compiled (numpy_function cannot be)."""
+    tf = import_tf()
+    if tf.executing_eagerly():
+        return
+    try:  # TF has no public query for "am I inside jit_compile=True"; this private one is stable since 2.x.
+        from tensorflow.python.ops import control_flow_util
+    except ImportError:  # pragma: no cover - then XLA reports the unsupported op itself
+        return
+    if control_flow_util.GraphOrParentsInXlaContext(tf.compat.v1.get_default_graph()):
+        raise ValueError(
+            f"{what} cannot run inside an XLA-compiled function: horo's collectives run through "
+            "tf.numpy_function, which XLA cannot compile. Received: jit_compile=True. "
+            "HINT: pass jit_compile=False to model.compile(...) (or to tf.function(...))."
+        )
+
+
+def _np_dtype(tf_dtype: Any, arg: str) -> np.dtype:
+    dt = np.dtype(tf_dtype.as_numpy_dtype)
+    check_dtype(dt, arg)  # fail at trace time, not inside the graph
+    return dt
+
+
+def _run(fn: Callable[..., list[np.ndarray]], inputs: Sequence[Any], out_dtypes: Sequence[Any],
+         out_shapes: Sequence[Any], name: str) -> list[Any]:
+    """Call ``fn`` on the inputs' numpy values: directly when eager, else as one ``tf.numpy_function``."""
+    tf = import_tf()
+    if tf.executing_eagerly():
+        outs = fn(*[t.numpy() for t in inputs])
+        return [tf.convert_to_tensor(o, dtype=d) for o, d in zip(outs, out_dtypes)]
+    check_not_xla(name)
+    outs = tf.numpy_function(lambda *xs: list(fn(*xs)), list(inputs), list(out_dtypes), stateful=True,
+                             name=name.replace(".", "_"))
+    for o, s in zip(outs, out_shapes):
+        o.set_shape(s)
+    return list(outs)
+
+
+def set_size(process_set: ProcessSet | None, what: str) -> int:
+    return resolve(process_set, what).size()
+
+
+# -- compression on framework tensors -------------------------------------------------------------------
+
+def _compress(t: Any, compression: Any) -> tuple[Any, Any]:
+    tf = import_tf()
+    wire = getattr(compression, "wire_dtype", "custom")
+    if wire is None:
+        return t, None
+    if wire in ("float16", "bfloat16"):  # horo's casts, done by TF so the numpy side sees 16-bit buffers
+        if t.dtype.is_floating and t.dtype.name != wire:
+            return tf.cast(t, wire), t.dtype
+        return t, None
+    return compression.compress(t)  # a user Compressor written for tf tensors (as in Horovod)
+
+
+def _decompress(t: Any, ctx: Any, compression: Any) -> Any:
+    wire = getattr(compression, "wire_dtype", "custom")
+    if wire in (None, "float16", "bfloat16"):
+        return t if ctx is None else import_tf().cast(t, ctx)
+    return compression.decompress(t, ctx)
+
+
+# -- collectives on tf tensors --------------------------------------------------------------------------
+
+def allreduce(tensor: Any, average: bool | None = None, device_dense: str = "", device_sparse: str = "",
+              compression: Any = Compression.none, op: Any = None, prescale_factor: float = 1.0,
+              postscale_factor: float = 1.0, name: str | None = None,
+              process_set: ProcessSet | None = None) -> Any:
+    """Allreduce a tf tensor (or ``tf.IndexedSlices``, which is allgathered as in Horovod)."""
+    rop = resolve_op(op, average)
+    return reduce_gradients([tensor], op=rop, compression=compression, prescale_factor=prescale_factor,
+                            postscale_factor=postscale_factor, process_set=process_set,
+                            name=name or "horo.allreduce", skip_at_size_one=False)[0]
+
+
+def grouped_allreduce(tensors: Sequence[Any], average: bool | None = None, device_dense: str = "",
+                      device_sparse: str = "", compression: Any = Compression.none, op: Any = None,
+                      prescale_factor: float = 1.0, postscale_factor: float = 1.0, name: str | None = None,
+                      process_set: ProcessSet | None = None) -> list[Any]:
+    """Allreduce a list of tf tensors in one fused exchange."""
+    if not isinstance(tensors, (list, tuple)):
+        raise TypeError(f"grouped_allreduce takes a list of tensors. Received: tensors of type "
+                        f"{type(tensors).__name__}. HINT: pass [t1, t2, ...].")
+    rop = resolve_op(op, average)
+    return reduce_gradients(list(tensors), op=rop, compression=compression, prescale_factor=prescale_factor,
+                            postscale_factor=postscale_factor, process_set=process_set,
+                            name=name or "horo.grouped_allreduce", skip_at_size_one=False)
+
+
+def allgather(tensor: Any, name: str | None = None, process_set: ProcessSet | None = None) -> Any:
+    """Concatenate every rank's tensor along dim 0 (dim 0 may differ between ranks)."""
+    tf = import_tf()
+    t = tf.convert_to_tensor(tensor)
+    _np_dtype(t.dtype, "tensor")
+    nm = name or "horo.allgather"
+    return _run(lambda x: [core.allgather(x, name=name, process_set=process_set)], [t], [t.dtype],
+                [tf.TensorShape([None]).concatenate(t.shape[1:])], nm)[0]
+
+
+def broadcast(tensor: Any, root_rank: int, name: str | None = None,
+              process_set: ProcessSet | None = None) -> Any:
+    """Return ``root_rank``'s tensor on every rank."""
+    tf = import_tf()
+    t = tf.convert_to_tensor(tensor)
+    _np_dtype(t.dtype, "tensor")
+    return _run(lambda x: [core.broadcast(x, root_rank, name=name, process_set=process_set)], [t], [t.dtype],
+                [t.shape], name or "horo.broadcast")[0]
+
+
+def alltoall(tensor: Any, splits: Any = None, name: str | None = None,
+             process_set: ProcessSet | None = None) -> tuple[Any, Any]:
+    """Send ``splits[r]`` rows to rank r; returns ``(received rows, received splits)``."""
+    tf = import_tf()
+    t = tf.convert_to_tensor(tensor)
+    _np_dtype(t.dtype, "tensor")
+    size = set_size(process_set, "horo.alltoall")
+    if splits is None:
+        fn = lambda x: list(core.alltoall(x, None, name=name, process_set=process_set))  # noqa: E731
+        ins = [t]
+    else:
+        s = tf.cast(tf.convert_to_tensor(splits), tf.int64)
+        fn = lambda x, sp: list(core.alltoall(x, sp, name=name, process_set=process_set))  # noqa: E731
+        ins = [t, s]
+    out, recv = _run(fn, ins, [t.dtype, tf.int64],
+                     [tf.TensorShape([None]).concatenate(t.shape[1:]), tf.TensorShape([size])],
+                     name or "horo.alltoall")
+    return out, tf.cast(recv, tf.int32)
+
+
+def reducescatter(tensor: Any, op: Any = Average, name: str | None = None,
+                  process_set: ProcessSet | None = None, prescale_factor: float = 1.0,
+                  postscale_factor: float = 1.0, compression: Any = Compression.none) -> Any:
+    """Reduce over the set, then return this rank's rows of dim 0 (see ``horo.reducescatter``)."""
+    tf = import_tf()
+    t = tf.convert_to_tensor(tensor)
+    _np_dtype(t.dtype, "tensor")
+    rop = resolve_op(op, None)
+    wire, ctx = _compress(t, compression)
+    out = _run(lambda x: [core.reducescatter(x, rop, name=name, process_set=process_set,
+                                             prescale_factor=prescale_factor,
+                                             postscale_factor=postscale_factor)],
+               [wire], [wire.dtype], [tf.TensorShape([None]).concatenate(t.shape[1:])],
+               name or "horo.reducescatter")[0]
+    return _decompress(out, ctx, compression)
+
+
+# -- gradient lists ---------------------------------------------------------------------------------------
+
+def reduce_gradients(grads: Sequence[Any], *, op: ReduceOp = Average, compression: Any = Compression.none,
+                     prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+                     sparse_as_dense: bool = False, process_set: ProcessSet | None = None,
+                     name: str = _GRAD_NAME, skip_at_size_one: bool = True,
+                     fused: FusedAllreduce | None = None) -> list[Any]:
+    """Reduce a step's gradients across ranks in ONE exchange, keeping order, dtypes and static shapes.
+
+    Dense tensors go through one fused allreduce per dtype into aligned buffers that TF adopts without a
+    copy (see ``horo.plugins.fused``). ``tf.IndexedSlices``
+    (embedding gradients) are densified when ``sparse_as_dense``, else their values and indices are
+    allgathered (values divided by the set size for Average), all inside the same exchange. ``None``
+    entries stay ``None``.
+
+    Args:
+        grads: gradients (tensors, IndexedSlices or None).
+        op: ``horo.Average`` or ``horo.Sum``.
+        compression: ``Compression.none`` / ``fp16`` / ``bf16`` or a Compressor for tf tensors.
+        prescale_factor: multiply before reducing.
+        postscale_factor: multiply after reducing (after the Average division).
+        sparse_as_dense: densify IndexedSlices before the exchange.
+        process_set: the ranks to reduce over.
+        name: name of the exchange (shown in mismatch errors and in the graph).
+        skip_at_size_one: return the gradients untouched on a set of one rank (no exchange at all).
+        fused: reusable fusion buffers (pass the same one on every step); a new one when None.
+    """
+    tf = import_tf()
+    if op not in (Average, Sum):
+        raise ValueError(f"Gradients can be averaged or summed only. Received: op={op!r}. "
+                         "HINT: use horo.Average or horo.Sum.")
+    size = set_size(process_set, name)
+    if skip_at_size_one and size == 1:
+        return list(grads)
+    dense_idx, sparse_idx = [], []
+    inputs, dtypes, shapes, ctxs = [], [], [], []
+    grads = list(grads)
+    for i, g in enumerate(grads):
+        if g is None:
+            continue
+        if isinstance(g, tf.IndexedSlices):
+            if sparse_as_dense:
+                grads[i] = g = tf.convert_to_tensor(g)
+            else:
+                sparse_idx.append(i)
+                continue
+        _np_dtype(g.dtype, f"grads[{i}]")
+        wire, ctx = _compress(g, compression)
+        dense_idx.append(i)
+        inputs.append(wire)
+        dtypes.append(wire.dtype)
+        shapes.append(g.shape)
+        ctxs.append(ctx)
+    for i in sparse_idx:
+        g = grads[i]
+        _np_dtype(g.values.dtype, f"grads[{i}].values")
+        inputs += [g.values, g.indices]
+        dtypes += [g.values.dtype, g.indices.dtype]
+        shapes += [tf.TensorShape([None]).concatenate(g.values.shape[1:]), tf.TensorShape([None])]
+    if not inputs:
+        return grads
+    nd = len(dense_idx)
+    fuse = fused if fused is not None else FusedAllreduce()
+
+    def exchange(*arrays: np.ndarray) -> list[np.ndarray]:
+        outs = fuse(arrays[:nd], op, prescale_factor, postscale_factor, process_set, name) if nd else []
+        for k in range(len(sparse_idx)):
+            values, indices = arrays[nd + 2 * k], arrays[nd + 2 * k + 1]
+            if prescale_factor != 1.0:
+                values = values * values.dtype.type(prescale_factor)
+            values = core.allgather(values, name=f"{name}.sparse{k}.values", process_set=process_set)
+            indices = core.allgather(indices, name=f"{name}.sparse{k}.indices", process_set=process_set)
+            scale = postscale_factor / size if op is Average else postscale_factor
+            if scale != 1.0:
+                values = values * values.dtype.type(scale)
+            outs += [values, indices]
+        return outs
+
+    outs = _run(exchange, inputs, dtypes, shapes, name)
+    result = list(grads)
+    for k, i in enumerate(dense_idx):
+        result[i] = _decompress(outs[k], ctxs[k], compression)
+    for k, i in enumerate(sparse_idx):
+        result[i] = tf.IndexedSlices(outs[nd + 2 * k], outs[nd + 2 * k + 1], grads[i].dense_shape)
+    return result
+
+
+def broadcast_variables(variables: Sequence[Any], root_rank: int, process_set: ProcessSet | None = None,
+                        name: str = "horo.broadcast_variables") -> None:
+    """Assign ``root_rank``'s values to ``variables`` (tf or Keras variables) in one collective.
+
+    Works eagerly and inside ``tf.function`` (where automatic control dependencies run the assignments).
+    """
+    tf = import_tf()
+    variables = list(variables)
+    if not variables:
+        return None
+    values = [tf.convert_to_tensor(v) for v in variables]
+    for i, v in enumerate(values):
+        _np_dtype(v.dtype, f"variables[{i}]")
+    outs = _run(lambda *xs: broadcast_arrays(list(xs), root_rank, name, process_set), values,
+                [v.dtype for v in values], [v.shape for v in values], name)
+    for v, o in zip(variables, outs):
+        v.assign(o)

@@ -1,0 +1,108 @@
+"""Fixtures for the Keras / TensorFlow suite. Every test runs in every rank of an MPI job of any size.
+
+Run through tests/test_keras_mpi.py (sizes 1, 2, 3; KERAS_BACKEND tensorflow and torch), or by hand:
+    KERAS_BACKEND=torch mpiexec -n 2 python -m pytest tests/mpi_keras -q -p no:cacheprovider --timeout=120
+A plain ``pytest tests`` does not collect this directory (it would run it in one process, twice as slowly).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+# One compute thread per rank (the ranks share the cores); set before TF / torch start their pools.
+for _var, _val in (("OMP_NUM_THREADS", "1"), ("TF_NUM_INTEROP_THREADS", "1"), ("TF_NUM_INTRAOP_THREADS", "1"),
+                   ("TF_CPP_MIN_LOG_LEVEL", "3"), ("KERAS_BACKEND", "tensorflow")):
+    os.environ.setdefault(_var, _val)
+
+import pytest  # noqa: E402
+
+_HERE = Path(__file__).parent.resolve()
+
+
+def _named(config) -> bool:
+    base = Path(config.invocation_params.dir)
+    for arg in config.args:
+        path = (base / str(arg).split("::", 1)[0]).resolve()
+        if path == _HERE or _HERE in path.parents:
+            return True
+    return False
+
+
+def pytest_ignore_collect(collection_path, config):
+    if Path(collection_path).resolve().parent == _HERE and not _named(config):
+        return True
+    return None
+
+
+def _limit_threads() -> None:
+    backend = os.environ["KERAS_BACKEND"]
+    if backend == "tensorflow":
+        import tensorflow as tf
+
+        try:
+            tf.config.threading.set_inter_op_parallelism_threads(1)
+            tf.config.threading.set_intra_op_parallelism_threads(1)
+        except RuntimeError:  # already initialised: the environment variables did it
+            pass
+    elif backend == "torch":
+        import torch
+
+        torch.set_num_threads(1)
+
+
+@pytest.fixture(scope="session")
+def hvd():
+    """horo.keras, initialised once per session (shut down at the end)."""
+    _limit_threads()
+    import horo.keras as hvd
+
+    hvd.init()
+    yield hvd
+    hvd.barrier()
+    hvd.shutdown()
+
+
+@pytest.fixture(scope="session")
+def world(hvd) -> int:
+    return hvd.size()
+
+
+@pytest.fixture(scope="session")
+def rank(hvd) -> int:
+    return hvd.rank()
+
+
+@pytest.fixture(scope="session")
+def backend() -> str:
+    return os.environ["KERAS_BACKEND"]
+
+
+@pytest.fixture
+def tf_backend(backend):
+    """Skip unless Keras runs on TensorFlow (sparse gradients, XLA, tf.function)."""
+    if backend != "tensorflow":
+        pytest.skip("TensorFlow-backend behaviour")
+
+
+@pytest.fixture
+def multi(world):
+    if world < 2:
+        pytest.skip("needs 2 or more ranks")
+    return world
+
+
+@pytest.fixture
+def shared_dir(hvd, tmp_path):
+    """A directory that every rank sees (rank 0's tmp_path)."""
+    return Path(hvd.broadcast_object(str(tmp_path), root_rank=0))
+
+
+@pytest.fixture(autouse=True)
+def _fresh_keras(hvd):
+    """Every test starts from the default dtype policy (clear_session costs ~0.5 s a test: not needed)."""
+    import keras
+
+    keras.config.set_dtype_policy("float32")
+    yield
+    keras.config.set_dtype_policy("float32")

@@ -1,0 +1,172 @@
+"""DistributedOptimizer: N ranks x batch b == 1 rank x batch N*b, one fused exchange per step, accumulation."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from keras_util import agree, assert_same_on_all_ranks, mlp, rank_slices, regression_data, weights_of
+
+B = 4  # per-rank batch
+STEPS = 3
+
+
+def _plain_gd():
+    import keras
+
+    class PlainGD(keras.optimizers.Optimizer):
+        """A user-defined optimizer: w -= lr * g."""
+
+        def update_step(self, gradient, variable, learning_rate):
+            lr = keras.ops.cast(learning_rate, variable.dtype)
+            self.assign_sub(variable, keras.ops.multiply(lr, gradient))
+
+    return PlainGD(learning_rate=0.1)
+
+
+def _make(case, world):
+    """(optimizer to distribute, DistributedOptimizer kwargs, reference optimizer on one big batch)."""
+    import keras
+
+    sgd = keras.optimizers.SGD
+    if case == "clip_decay":  # averaging must come BEFORE clipping and weight decay
+        kw = dict(momentum=0.9, global_clipnorm=0.05, weight_decay=0.05)
+        return sgd(0.1, **kw), {}, sgd(0.1, **kw)
+    if case == "adam":
+        return keras.optimizers.Adam(0.01), {}, keras.optimizers.Adam(0.01)
+    if case == "user_optimizer":
+        return _plain_gd(), {}, _plain_gd()
+    if case == "sum":  # summed mean gradients = world x the average
+        import horo
+
+        return sgd(0.1), {"op": horo.Sum}, sgd(0.1 * world)
+    if case == "predivide":
+        return sgd(0.1, momentum=0.9), {"gradient_predivide_factor": 2.0}, sgd(0.1, momentum=0.9)
+    raise AssertionError(case)
+
+
+def _fit(model, opt, x, y, batch, eager=False):
+    # References run eagerly: no tracing, and a second code path to compare the traced one against.
+    model.compile(optimizer=opt, loss="mse", jit_compile=False, run_eagerly=eager)
+    model.fit(x, y, batch_size=batch, epochs=1, shuffle=False, verbose=0)
+    return weights_of(model)
+
+
+@pytest.mark.parametrize("case", ["clip_decay", "adam", "user_optimizer", "sum", "predivide"])
+def test_n_ranks_equal_one_rank_with_n_times_the_batch(hvd, world, rank, case):
+    x, y = regression_data(1, world * B * STEPS)
+    opt, kwargs, ref_opt = _make(case, world)
+    expected = _fit(mlp(seed=3), ref_opt, x, y, world * B, eager=True)
+    got = _fit(mlp(seed=3), hvd.DistributedOptimizer(opt, **kwargs), rank_slices(x, world, rank, B),
+               rank_slices(y, world, rank, B), B)
+
+    def check():
+        for i, (g, e) in enumerate(zip(got, expected)):
+            np.testing.assert_allclose(g, e, rtol=2e-5, atol=2e-6, err_msg=f"{case}: weight {i}")
+        assert not np.allclose(got[0], weights_of(mlp(seed=3))[0]), "training did not move the weights"
+
+    agree(check)
+    assert_same_on_all_ranks(got)
+
+
+def test_one_fused_exchange_per_step_and_none_at_size_one(hvd, world, rank, monkeypatch):
+    import keras
+
+    import horo.core as core
+
+    calls = []
+    real = core.allreduce_
+
+    def counting(tensor, *args, **kwargs):
+        calls.append(kwargs.get("name"))
+        return real(tensor, *args, **kwargs)
+
+    monkeypatch.setattr(core, "allreduce_", counting)
+    x, y = regression_data(2, B * STEPS)
+    model = mlp(seed=1)
+    _fit(model, hvd.DistributedOptimizer(keras.optimizers.SGD(0.1)), x, y, B)
+
+    def check():
+        if world == 1:
+            assert calls == [], "size 1 must not exchange anything"
+        else:
+            # One MPI exchange per step (float32 only here) carrying every gradient.
+            n = len(model.trainable_variables)
+            assert len(calls) == STEPS and all(c.startswith(f"horo.keras.gradients[float32x{n}:") for c in calls), calls
+
+    agree(check)
+
+
+@pytest.mark.parametrize("how", ["backward_passes_per_step", "gradient_accumulation_steps"])
+def test_accumulation_matches_the_big_batch(hvd, world, rank, how):
+    import keras
+
+    x, y = regression_data(4, world * B * 4)  # 4 passes -> 2 updates
+    expected = _fit(mlp(seed=5), keras.optimizers.SGD(0.1, momentum=0.5), x, y, 2 * world * B, eager=True)
+    if how == "backward_passes_per_step":
+        opt = hvd.DistributedOptimizer(keras.optimizers.SGD(0.1, momentum=0.5), backward_passes_per_step=2,
+                                       average_aggregated_gradients=True)
+    else:
+        opt = hvd.DistributedOptimizer(keras.optimizers.SGD(0.1, momentum=0.5, gradient_accumulation_steps=2))
+    model = mlp(seed=5)
+    got = _fit(model, opt, rank_slices(x, world, rank, B), rank_slices(y, world, rank, B), B)
+
+    def check():
+        for i, (g, e) in enumerate(zip(got, expected)):
+            np.testing.assert_allclose(g, e, rtol=2e-5, atol=2e-6, err_msg=f"{how}: weight {i}")
+        if how == "backward_passes_per_step":
+            assert int(keras.ops.convert_to_numpy(opt.iterations)) == 4  # Horovod counts every pass
+
+    agree(check)
+    assert_same_on_all_ranks(got)
+
+
+def test_backward_passes_sum_without_averaging(hvd, world, rank):
+    import keras
+
+    x, y = regression_data(6, world * B * 2)
+    # Summing 2 passes without averaging = the average with twice the learning rate.
+    expected = _fit(mlp(seed=6), keras.optimizers.SGD(0.2), x, y, 2 * world * B, eager=True)
+    opt = hvd.DistributedOptimizer(keras.optimizers.SGD(0.1), backward_passes_per_step=2)
+    got = _fit(mlp(seed=6), opt, rank_slices(x, world, rank, B), rank_slices(y, world, rank, B), B)
+    agree(lambda: [np.testing.assert_allclose(g, e, rtol=2e-5, atol=2e-6) for g, e in zip(got, expected)])
+
+
+def test_fp16_compression_is_close_and_identical_on_all_ranks(hvd, world, rank):
+    import keras
+
+    x, y = regression_data(7, world * B * STEPS)
+    expected = _fit(mlp(seed=7), keras.optimizers.SGD(0.1), x, y, world * B, eager=True)
+    opt = hvd.DistributedOptimizer(keras.optimizers.SGD(0.1), compression=hvd.Compression.fp16)
+    got = _fit(mlp(seed=7), opt, rank_slices(x, world, rank, B), rank_slices(y, world, rank, B), B)
+    agree(lambda: [np.testing.assert_allclose(g, e, rtol=1e-2, atol=1e-3) for g, e in zip(got, expected)])
+    assert_same_on_all_ranks(got)
+
+
+def test_bad_arguments_say_what_was_received(hvd):
+    import keras
+
+    sgd = keras.optimizers.SGD
+    bad = [
+        (lambda: hvd.DistributedOptimizer("sgd"), TypeError),
+        (lambda: hvd.DistributedOptimizer(sgd(0.1), op=hvd.Adasum), ValueError),
+        (lambda: hvd.DistributedOptimizer(sgd(0.1), op=hvd.Sum, gradient_predivide_factor=2.0), ValueError),
+        (lambda: hvd.DistributedOptimizer(sgd(0.1), backward_passes_per_step=0), ValueError),
+        (lambda: hvd.DistributedOptimizer(sgd(0.1, gradient_accumulation_steps=2), backward_passes_per_step=2),
+         ValueError),
+        (lambda: hvd.DistributedOptimizer(hvd.DistributedOptimizer(sgd(0.1))), ValueError),
+    ]
+    for make, exc in bad:
+        with pytest.raises(exc) as info:
+            make()
+        assert "Received:" in str(info.value) and "HINT:" in str(info.value), str(info.value)
+
+
+def test_models_that_differ_between_ranks_raise_everywhere_instead_of_hanging(hvd, multi, rank):
+    import keras
+
+    model = keras.Sequential([keras.Input((6,)), keras.layers.Dense(8 + rank), keras.layers.Dense(2)])
+    model.compile(optimizer=hvd.DistributedOptimizer(keras.optimizers.SGD(0.1)), loss="mse", jit_compile=False)
+    x, y = regression_data(8, 2 * B)
+    with pytest.raises(Exception, match="ranks disagree on") as info:
+        model.fit(x, y, batch_size=B, epochs=1, verbose=0)
+    assert "HINT:" in str(info.value)

@@ -1,0 +1,150 @@
+"""TensorFlow-only behaviour: embedding (IndexedSlices) gradients, jit_compile, horo.tensorflow helpers."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from keras_util import agree, assert_same_on_all_ranks, rank_slices, weights_of
+
+B = 4
+
+
+def _embedding_model():
+    import keras
+
+    keras.utils.set_random_seed(9)
+    return keras.Sequential([keras.Input((3,), dtype="int32"), keras.layers.Embedding(20, 4),
+                             keras.layers.Flatten(), keras.layers.Dense(2)])
+
+
+@pytest.mark.parametrize("sparse_as_dense", [False, True])
+def test_embedding_gradients_match_the_big_batch(hvd, world, rank, tf_backend, sparse_as_dense, monkeypatch):
+    import keras
+
+    import horo.core as core
+
+    gathers = []
+    real = core.allgather
+    monkeypatch.setattr(core, "allgather", lambda t, *a, **k: gathers.append(k.get("name")) or real(t, *a, **k))
+    rng = np.random.default_rng(13)
+    ids = rng.integers(0, 20, size=(world * B * 2, 3)).astype("int32")
+    y = rng.normal(size=(world * B * 2, 2)).astype("float32")
+    ref = _embedding_model()
+    ref.compile(optimizer=keras.optimizers.SGD(0.5, momentum=0.5), loss="mse", run_eagerly=True)
+    ref.fit(ids, y, batch_size=world * B, epochs=1, shuffle=False, verbose=0)
+    model = _embedding_model()
+    model.compile(optimizer=hvd.DistributedOptimizer(keras.optimizers.SGD(0.5, momentum=0.5),
+                                                     sparse_as_dense=sparse_as_dense),
+                  loss="mse", jit_compile=False)
+    model.fit(rank_slices(ids, world, rank, B), rank_slices(y, world, rank, B), batch_size=B, epochs=1,
+              shuffle=False, verbose=0)
+
+    def check():
+        for g, e in zip(weights_of(model), weights_of(ref)):
+            np.testing.assert_allclose(g, e, rtol=2e-5, atol=2e-6)
+        sparse_exchanges = [n for n in gathers if n and ".sparse" in n]
+        assert len(sparse_exchanges) == (0 if sparse_as_dense or world == 1 else 2 * 2), gathers
+
+    agree(check)
+    assert_same_on_all_ranks(weights_of(model))
+
+
+def test_jit_compile_raises_at_trace_time_with_the_fix(hvd, world, tf_backend):
+    import keras
+    from keras_util import mlp, regression_data
+
+    model = mlp(seed=1)
+    model.compile(optimizer=hvd.DistributedOptimizer(keras.optimizers.SGD(0.1)), loss="mse", jit_compile=True)
+    assert model.jit_compile is True
+    x, y = regression_data(1, 2 * B)
+    if world == 1:  # nothing to exchange at size 1, so XLA compiles the plain step
+        model.fit(x, y, batch_size=B, epochs=1, verbose=0)
+        return
+    with pytest.raises(ValueError, match="pass jit_compile=False to model.compile"):
+        model.fit(x, y, batch_size=B, epochs=1, verbose=0)
+
+
+def test_distributed_gradient_tape_eager_and_traced(hvd, world, rank, tf_backend):
+    import tensorflow as tf
+
+    import horo.tensorflow as htf
+
+    w = tf.Variable(tf.ones((3, 2)))
+    emb = tf.Variable(tf.ones((5, 2)))
+    x = tf.constant(np.full((2, 3), rank + 1.0, dtype="float32"))
+
+    def grads(use_horo):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(tf.matmul(x, w) ** 2) + tf.reduce_sum(tf.gather(emb, [rank % 5, 1]))
+        if use_horo:
+            tape = htf.DistributedGradientTape(tape)
+        return tape.gradient(loss, [w, emb])
+
+    local = grads(False)
+    everyone = hvd.allgather_object([local[0].numpy(), tf.convert_to_tensor(local[1]).numpy()])
+    want = [np.mean([e[i] for e in everyone], axis=0) for i in range(2)]
+    eager = grads(True)
+    traced = tf.function(lambda: grads(True))()
+
+    def check():
+        for got in (eager, traced):
+            np.testing.assert_allclose(got[0].numpy(), want[0], rtol=1e-6)
+            np.testing.assert_allclose(tf.convert_to_tensor(got[1]).numpy(), want[1], rtol=1e-6)
+        assert traced[0].shape == (3, 2)  # static shape restored after the numpy_function
+
+    agree(check)
+
+
+def test_tensorflow_collectives_eager_and_in_tf_function(hvd, world, rank, tf_backend):
+    import tensorflow as tf
+
+    import horo.tensorflow as htf
+
+    t = tf.constant(np.arange(6, dtype="float32").reshape(3, 2) + rank)
+
+    def run():
+        return {
+            "sum": htf.allreduce(t, op=htf.Sum),
+            "avg_fp16": htf.allreduce(t, compression=htf.Compression.fp16),
+            "grouped": htf.grouped_allreduce([t, tf.cast(t, tf.int32)], op=htf.Sum),
+            "gather": htf.allgather(tf.fill([rank + 1, 2], float(rank))),
+            "bcast": htf.broadcast(t, root_rank=world - 1),
+            "a2a": htf.alltoall(tf.fill([world, 2], float(rank)))[0],
+            "rs": htf.reducescatter(tf.ones((world * 2, 2)), op=htf.Sum),
+        }
+
+    eager, traced = run(), tf.function(run)()
+    base = np.arange(6, dtype="float32").reshape(3, 2)
+
+    def check():
+        for out in (eager, traced):
+            np.testing.assert_allclose(out["sum"].numpy(), world * base + sum(range(world)))
+            np.testing.assert_allclose(out["avg_fp16"].numpy(), base + (world - 1) / 2, rtol=1e-3)
+            assert out["grouped"][1].dtype == tf.int32
+            assert out["gather"].shape[0] == world * (world + 1) // 2
+            np.testing.assert_allclose(out["bcast"].numpy(), base + world - 1)
+            np.testing.assert_allclose(out["a2a"].numpy()[:, 0], np.arange(world))
+            np.testing.assert_allclose(out["rs"].numpy(), np.full((2, 2), world))
+        assert traced["sum"].shape == (3, 2) and traced["gather"].shape[1] == 2
+
+    agree(check)
+
+
+def test_broadcast_variables_in_tf_function_and_shard_dataset(hvd, world, rank, tf_backend):
+    import tensorflow as tf
+
+    import horo.tensorflow as htf
+
+    v = [tf.Variable(tf.fill([2, 2], float(rank))), tf.Variable(rank, dtype=tf.int64)]
+    tf.function(lambda: htf.broadcast_variables(v, root_rank=world - 1))()
+    ds = htf.shard_dataset(tf.data.Dataset.range(10))
+    mine = [int(i) for i in ds]
+    everyone = hvd.allgather_object(mine)
+
+    def check():
+        np.testing.assert_array_equal(v[0].numpy(), np.full((2, 2), world - 1.0))
+        assert int(v[1].numpy()) == world - 1
+        assert sorted(i for part in everyone for i in part) == list(range(10))
+        assert htf.steps_per_epoch(1000, 10) == 1000 // (10 * world)
+
+    agree(check)

@@ -1,0 +1,43 @@
+"""Run the Keras / TensorFlow suite in tests/mpi_keras under real MPI: world sizes 1, 2, 3 x Keras backends.
+
+Each (size, backend) pair is one plain-pytest test that launches
+``mpiexec -n N python -m pytest tests/mpi_keras`` with KERAS_BACKEND set, through the runner of
+tests/test_mpi_suites.py (new session, hard outer limit that kills the whole process group, per-test
+``--timeout`` inside the ranks, every rank's exit status checked). TensorFlow-only tests skip themselves
+on the torch backend.
+
+Knobs: HORO_KERAS_SUITE_TIMEOUT (outer limit per job, seconds, default 600), HORO_KERAS_TEST_TIMEOUT (per
+test inside the ranks, default 180: TF traces every fit, which is slow on a loaded 2-core box),
+HORO_TEST_PYTEST_ARGS (extra args for the ranks, e.g. "-k callbacks -x").
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from pathlib import Path
+
+import pytest
+from test_mpi_suites import run_mpi_pytest
+
+KERAS_DIR = Path(__file__).resolve().parent / "mpi_keras"
+OUTER_TIMEOUT = float(os.environ.get("HORO_KERAS_SUITE_TIMEOUT", "600"))
+TEST_TIMEOUT = int(os.environ.get("HORO_KERAS_TEST_TIMEOUT", "180"))
+
+JOBS = [(n, b) for b in ("tensorflow", "torch") for n in (1, 2, 3)]
+
+
+@pytest.mark.mpi
+@pytest.mark.timeout(OUTER_TIMEOUT + 60)
+@pytest.mark.parametrize("n,backend", JOBS, ids=[f"{b}-np{n}" for n, b in JOBS])
+def test_keras_suite(n, backend, tmp_path, monkeypatch):
+    needed = "tensorflow" if backend == "tensorflow" else "torch"
+    if importlib.util.find_spec("keras") is None or importlib.util.find_spec(needed) is None:
+        pytest.skip(f"needs keras and {needed} (pip install 'horo[keras]' / 'horo[lightning]')")
+    monkeypatch.setenv("KERAS_BACKEND", backend)
+    for var in ("TF_NUM_INTEROP_THREADS", "TF_NUM_INTRAOP_THREADS"):
+        monkeypatch.setenv(var, "1")
+    passed, report = run_mpi_pytest(n, tmp_path / f"{backend}-np{n}", timeout=OUTER_TIMEOUT, test_path=KERAS_DIR,
+                                    extra_args=["-W", "ignore::DeprecationWarning", f"--timeout={TEST_TIMEOUT}"])
+    print(report.splitlines()[0])
+    assert passed, report
