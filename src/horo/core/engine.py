@@ -9,8 +9,9 @@ tiny allgather. A name is ready when every rank reports it; ready names run in c
 the same on every rank whatever order they were submitted in. Consecutive ready allreduces of one dtype,
 op and scale are packed into a reused fusion buffer up to ``HORO_FUSION_THRESHOLD`` bytes.
 
-Idle engines keep ticking every ``HORO_CYCLE_TIME`` ms, so a rank that never submits a tensor is still
-seen: that is what lets the stall inspector name it.
+Idle engines keep ticking every ``HORO_CYCLE_TIME`` ms (default 50), so a rank that never submits a
+tensor is still seen: that is what lets the stall inspector name it. A parked engine wakes at once when
+its own rank submits, which any pending op needs anyway, so the long tick adds no latency.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ from .timeline import timeline
 __all__ = ["Engine", "Request", "submit", "poll", "synchronize", "auto_name"]
 
 _SHUTDOWN, _UNCACHED, _STALLED, _JOINED = 1, 2, 4, 8
-_HDR = 1
+_HDR = 2  # flags, round-entry wall time (µs); then the bit vector
 _AUTO = ".noname."
 
 
@@ -78,7 +79,7 @@ class Engine:
         self.capacity = config.int("HORO_CACHE_CAPACITY")
         self.threshold = config.int("HORO_FUSION_THRESHOLD")
         self.idle_s = max(config["HORO_CYCLE_TIME"], 0.1) / 1000.0
-        self.busy_cap_s = min(self.idle_s, 2e-4)
+        self.busy_cap_s = 2e-4
         self.spin = 200
         self.stall_check_s = config["HORO_STALL_CHECK_TIME_SECONDS"]
         self.stall_shutdown_s = config["HORO_STALL_SHUTDOWN_TIME_SECONDS"]
@@ -88,6 +89,7 @@ class Engine:
         self.warned: set[str] = set()
         self.stall_flag = False
         self.round_no = 0
+        self.late_now: list[int] = []  # ranks that entered the current round >1 ms after the first
         self.shutdown_requested = False
         self.joined = False  # this rank is inside horo.join(): contribute zeros to others' allreduces
         self.join_done = threading.Event()
@@ -161,14 +163,14 @@ class Engine:
         A few quick polls first (peers usually arrive together), then exponential back-off; while
         this rank has work pending the back-off stays short, and a new submission cuts it off.
         """
-        for _ in range(self.spin if self.pending else 0):  # idle rounds must not tax other MPI traffic
+        for _ in range(self.spin if (self.pending or self.joined) else 0):  # idle rounds must not tax other MPI traffic
             if mpi_req.Test():
                 return
             time.sleep(0)
         delay = 5e-5
         while not mpi_req.Test():
             with self.cv:
-                cap = self.busy_cap_s if self.pending else self.idle_s
+                cap = self.busy_cap_s if (self.pending or self.joined) else self.idle_s
                 if self.cv.wait(timeout=delay):
                     delay = 5e-5
                     continue
@@ -176,7 +178,7 @@ class Engine:
 
     def _round(self) -> bool:
         with self.cv:
-            if not self.pending and not self.shutdown_requested:
+            if not self.pending and not self.shutdown_requested and not self.joined:
                 self.cv.wait(timeout=self.idle_s)
             snapshot = list(self.pending.values())
             shutting = self.shutdown_requested
@@ -193,11 +195,14 @@ class Engine:
                 uncached.append((req.name, req.sig))
         if words:
             hdr[_HDR:] = np.packbits(bits, bitorder="little").view(np.int64)
+        hdr[1] = int(time.time() * 1e6)  # wall clock: comparable across nodes, enough for "who was late"
         hdr[0] = ((_SHUTDOWN if shutting else 0) | (_UNCACHED if uncached else 0)
                   | (_STALLED if self.stall_flag else 0) | (_JOINED if self.joined else 0))
         recv = np.empty((self.n, _HDR + words), dtype=np.int64)
         self._wait(self.comm.Iallgather(hdr, recv))
         flags = recv[:, 0]
+        entered = recv[:, 1]
+        self.late_now = [self.ranks[r] for r in np.nonzero(entered > entered.min() + 1000)[0].tolist()]
         self.absent = set(np.nonzero(flags & _JOINED)[0].tolist())
         if len(self.absent) == self.n:  # everyone has joined: leave join mode in this same round everywhere
             self.joined = False
@@ -330,7 +335,8 @@ class Engine:
     def _late_ranks(self, name: str) -> list[int]:
         seen = self.first_round.pop(name, None)
         # Ranks recorded here were waiting; the others submitted only in the round that made it ready.
-        return [self.ranks[r] for r in range(self.n) if r not in seen] if seen else []
+        late = {self.ranks[r] for r in range(self.n) if r not in seen} if seen else set()
+        return sorted(late | set(self.late_now))
 
     def _run_one(self, req: Request) -> None:
         t0 = timeline.now_us()
