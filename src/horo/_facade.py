@@ -1,53 +1,5 @@
 """What every framework facade (horo.keras, horo.tensorflow, horo.torch) re-exports from the core:
-the runtime queries, reduce ops, errors, process sets and timeline control."""
+the runtime queries, reduce ops, errors, process sets and timeline control (``core.SHARED``)."""
 
-from .core import (
-    Adasum,
-    Average,
-    HoroError,
-    HoroInternalError,
-    Max,
-    Min,
-    MismatchError,
-    NotInitializedError,
-    ProcessSet,
-    Product,
-    ReduceOp,
-    StallError,
-    Sum,
-    add_process_set,
-    ccl_built,
-    cross_rank,
-    cross_size,
-    cuda_built,
-    ddl_built,
-    global_process_set,
-    gloo_built,
-    gloo_enabled,
-    init,
-    is_homogeneous,
-    is_initialized,
-    local_rank,
-    local_size,
-    mpi_built,
-    mpi_enabled,
-    mpi_threads_supported,
-    nccl_built,
-    rank,
-    remove_process_set,
-    rocm_built,
-    shutdown,
-    size,
-    start_timeline,
-    stop_timeline,
-)
-
-__all__ = [
-    "init", "shutdown", "is_initialized", "size", "rank", "local_size", "local_rank", "cross_size",
-    "cross_rank", "is_homogeneous", "mpi_threads_supported", "mpi_built", "mpi_enabled", "nccl_built",
-    "cuda_built", "gloo_built", "gloo_enabled", "rocm_built", "ddl_built", "ccl_built",
-    "ReduceOp", "Average", "Sum", "Min", "Max", "Product", "Adasum",
-    "HoroError", "NotInitializedError", "MismatchError", "StallError", "HoroInternalError",
-    "ProcessSet", "global_process_set", "add_process_set", "remove_process_set",
-    "start_timeline", "stop_timeline",
-]
+from .core import *  # noqa: F403
+from .core import SHARED as __all__  # noqa: F401

@@ -62,14 +62,19 @@ __all__ = [
     "init", "shutdown", "is_initialized", "size", "rank", "local_size", "local_rank", "cross_size",
     "cross_rank", "is_homogeneous", "mpi_threads_supported", "mpi_built", "mpi_enabled", "nccl_built",
     "cuda_built", "gloo_built", "gloo_enabled", "rocm_built", "ddl_built", "ccl_built",
+    "ReduceOp", "Average", "Sum", "Min", "Max", "Product", "Adasum",
+    "ProcessSet", "add_process_set", "remove_process_set", "global_process_set",
+    "HoroError", "NotInitializedError", "MismatchError", "StallError", "HoroInternalError",
+    "start_timeline", "stop_timeline",
+]
+# What every framework facade re-exports (see horo._facade): runtime, ops, errors, process sets, timeline.
+SHARED = list(__all__)
+
+__all__ += [
     "allreduce", "allreduce_", "grouped_allreduce", "grouped_allreduce_", "allgather", "grouped_allgather",
     "broadcast", "broadcast_", "alltoall", "reducescatter", "grouped_reducescatter", "barrier", "join",
     "broadcast_object", "allgather_object",
     "allreduce_async", "allreduce_async_", "grouped_allreduce_async", "grouped_allreduce_async_",
     "allgather_async", "broadcast_async", "broadcast_async_", "alltoall_async", "reducescatter_async",
-    "poll", "synchronize",
-    "ReduceOp", "Average", "Sum", "Min", "Max", "Product", "Adasum", "Compression",
-    "ProcessSet", "add_process_set", "remove_process_set", "global_process_set",
-    "HoroError", "NotInitializedError", "MismatchError", "StallError", "HoroInternalError",
-    "start_timeline", "stop_timeline",
+    "poll", "synchronize", "Compression",
 ]
