@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import zlib
+
 import numpy as np
 import pytest
 from horo_mpi_util import (
@@ -166,6 +168,20 @@ def test_large_tensor(hvd, world, rank):
     x = np.full(1 << 20, rank + 1, dtype=np.float32)
     out = hvd.allreduce(x, op=hvd.Sum)
     agree(lambda: np.testing.assert_array_equal(out, np.full(1 << 20, world * (world + 1) / 2, np.float32)))
+
+
+@pytest.mark.parametrize("dtype", [np.dtype(np.float16), FLOAT_DTYPES[1]], ids=dname)
+@pytest.mark.parametrize("op", ["Average", "Max"])
+def test_large_16bit_tensor_small_values(hvd, world, rank, dtype, op):
+    # Gradient-sized values (many float16 subnormals), over 8 MiB so the exchange goes in several blocks,
+    # an odd length so that the ranks' shares differ. Every rank must get the same bits.
+    n = (1 << 22) + 2 * world + 1
+    inputs = [(np.random.default_rng(r).standard_normal(n) * 1e-5).astype(dtype) for r in range(world)]
+    out = hvd.allreduce(inputs[rank], op=getattr(hvd, op), prescale_factor=0.5)
+    expected = reduce_ref(inputs, op, prescale=0.5)
+    agree(assert_close, out, expected, dtype, world, magnitude=1e-4, what=f"{dname(dtype)} {op}")
+    digests = hvd.allgather_object(zlib.crc32(np.asarray(out).tobytes()))
+    check(len(set(digests)) == 1, f"ranks got different bits: {digests}")
 
 
 def test_empty_tensor(hvd, world, rank):
