@@ -148,3 +148,56 @@ def test_broadcast_variables_in_tf_function_and_shard_dataset(hvd, world, rank, 
         assert htf.steps_per_epoch(1000, 10) == 1000 // (10 * world)
 
     agree(check)
+
+
+@pytest.mark.parametrize("compression", ["fp16", "bf16"])
+def test_16bit_gradients_are_summed_in_float32_by_tf(hvd, world, rank, tf_backend, compression):
+    import tensorflow as tf
+
+    import horo.tensorflow as htf
+    from horo.plugins.tensorflow import reduce_gradients
+
+    comp = getattr(htf.Compression, compression)
+    rng = np.random.default_rng(rank)
+    # Sizes that do not split evenly, small values (float16 subnormals), a float64 gradient (also sent as
+    # 16 bits) and an IndexedSlices (allgathered by the other exchange of the same call).
+    dense = [rng.standard_normal(s).astype("float32") * 1e-5 for s in [(7, 3), (5,), (1,)]]
+    wide = rng.standard_normal((4,)).astype("float64")
+    sparse = tf.IndexedSlices(tf.constant([[float(rank)]]), tf.constant([rank]), tf.constant([world, 1]))
+    grads = [tf.constant(d) for d in dense] + [tf.constant(wide), sparse]
+
+    def run():
+        return reduce_gradients(grads, op=htf.Sum, compression=comp, prescale_factor=0.5, postscale_factor=3.0,
+                                skip_at_size_one=False)
+
+    eager, traced = run(), tf.function(run)()
+    everyone = [np.random.default_rng(r) for r in range(world)]
+    sums = [sum(g) for g in zip(*[[r.standard_normal(s).astype("float32") * 1e-5 for s in [(7, 3), (5,), (1,)]]
+                                  + [r.standard_normal((4,)).astype("float64")] for r in everyone])]
+    tol = dict(rtol=2e-2, atol=1e-7) if compression == "bf16" else dict(rtol=2e-3, atol=1e-7)
+
+    def check():
+        for out in (eager, traced):
+            for got, want in zip(out[:4], sums):
+                assert got.dtype == tf.as_dtype(want.dtype)
+                np.testing.assert_allclose(got.numpy(), 1.5 * want, **tol)
+            assert isinstance(out[4], tf.IndexedSlices) and out[4].values.shape[0] == world
+            np.testing.assert_allclose(np.sort(out[4].values.numpy()[:, 0]), 1.5 * np.arange(world))
+        assert traced[0].shape == (7, 3)
+
+    agree(check)
+    assert_same_on_all_ranks([t.numpy() for t in traced[:4]])
+
+
+def test_16bit_layout_mismatch_raises_on_every_rank(hvd, world, rank, tf_backend):
+    import horo.tensorflow as htf
+    from horo.core.errors import MismatchError
+    from horo.plugins.tensorflow import reduce_gradients
+
+    if world == 1:
+        pytest.skip("a mismatch needs two ranks")
+    import tensorflow as tf
+
+    grads = [tf.ones((3 + rank,)), tf.ones((2,))]  # a different first gradient on every rank
+    with pytest.raises(MismatchError, match="scatter"):
+        reduce_gradients(grads, compression=htf.Compression.fp16)
