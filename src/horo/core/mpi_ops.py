@@ -17,7 +17,8 @@ from .config import config
 from .dtypes import needs_upcast
 from .ops import Average, Max, Min, Product, ReduceOp, Sum
 
-__all__ = ["allreduce_into", "allgather", "broadcast_into", "alltoall", "reducescatter", "scatter_counts"]
+__all__ = ["ALIGN", "empty", "allreduce_into", "allgather", "broadcast_into", "alltoall", "reducescatter",
+           "scatter_counts"]
 
 # Filled on first use: importing horo must not start MPI (hororun imports it before spawning mpiexec).
 MPI: Any = None
@@ -161,23 +162,38 @@ _POOL_MIN_BYTES = 1 << 20
 _POOL_DEPTH = 2
 
 
+ALIGN = 64  # bytes: frameworks adopt a result without copying only at this alignment (TF: Eigen's)
+
+
+def empty(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+    """``np.empty`` whose data starts on a 64-byte boundary (numpy only promises 16)."""
+    nbytes = math.prod(shape) * dtype.itemsize
+    return _aligned_view(np.empty(nbytes + ALIGN, np.uint8), nbytes, dtype).reshape(shape)
+
+
+def _aligned_view(raw: np.ndarray, nbytes: int, dtype: np.dtype) -> np.ndarray:
+    start = (-raw.ctypes.data) % ALIGN
+    return raw[start:start + nbytes].view(dtype)
+
+
 def result_buffer(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
-    """A new-looking output array; large ones come from a small pool to avoid faulting in fresh pages.
+    """A new-looking, 64-byte aligned output array; large ones come from a small pool (no page faults).
 
     A pooled buffer is handed out again only once nothing outside the pool refers to it (the caller's
-    result, or any view of it, holds a reference), so a result is never overwritten while alive.
+    result, or any view of it, holds a reference to the pooled array), so a result is never overwritten
+    while alive.
     """
     nbytes = math.prod(shape) * dtype.itemsize
     if nbytes < _POOL_MIN_BYTES:
-        return np.empty(shape, dtype)
+        return empty(shape, dtype)
     slots = _POOL.setdefault((dtype, nbytes), [])
-    for buf in slots:
-        if sys.getrefcount(buf) == 3:  # the slot list, this loop variable, getrefcount's argument
-            return buf.reshape(shape)
-    buf = np.empty(nbytes // dtype.itemsize, dtype)
+    for raw in slots:
+        if sys.getrefcount(raw) == 3:  # the slot list, this loop variable, getrefcount's argument
+            return _aligned_view(raw, nbytes, dtype).reshape(shape)
+    raw = np.empty(nbytes + ALIGN, np.uint8)  # every view of it (the results) has it as .base
     if len(slots) < _POOL_DEPTH:
-        slots.append(buf)
-    return buf.reshape(shape)
+        slots.append(raw)
+    return _aligned_view(raw, nbytes, dtype).reshape(shape)
 
 
 def _bytes(arr: np.ndarray) -> np.ndarray:
@@ -189,7 +205,7 @@ def _bytes(arr: np.ndarray) -> np.ndarray:
 def allgather(comm: Any, send: np.ndarray, counts: np.ndarray) -> np.ndarray:
     """Gather along dim 0; ``counts[r]`` is rank r's dim-0 size."""
     row_bytes = int(np.prod(send.shape[1:], dtype=np.int64)) * send.dtype.itemsize
-    out = np.empty((int(counts.sum()),) + send.shape[1:], dtype=send.dtype)
+    out = empty((int(counts.sum()),) + send.shape[1:], send.dtype)
     byte_counts = counts.astype(np.int64) * row_bytes
     displs = np.zeros_like(byte_counts)
     np.cumsum(byte_counts[:-1], out=displs[1:])
@@ -208,7 +224,7 @@ def alltoall(comm: Any, send: np.ndarray, splits: np.ndarray) -> tuple[np.ndarra
     recv_splits = np.empty(size, dtype=np.int64)
     comm.Alltoall(splits.astype(np.int64), recv_splits)
     row_bytes = int(np.prod(send.shape[1:], dtype=np.int64)) * send.dtype.itemsize
-    out = np.empty((int(recv_splits.sum()),) + send.shape[1:], dtype=send.dtype)
+    out = empty((int(recv_splits.sum()),) + send.shape[1:], send.dtype)
     sc = splits.astype(np.int64) * row_bytes
     rc = recv_splits * row_bytes
     sd = np.zeros_like(sc)
@@ -234,7 +250,7 @@ def reducescatter(comm: Any, send: np.ndarray, op: ReduceOp, prescale: float = 1
     work = _widen(np.ascontiguousarray(send), send.dtype == np.float16) if upcast else send
     if prescale != 1.0:
         work = work * prescale if work is send else np.multiply(work, prescale, out=work)
-    out = np.empty((int(rows[rank]),) + send.shape[1:], dtype=work.dtype)
+    out = empty((int(rows[rank]),) + send.shape[1:], work.dtype)
     comm.Reduce_scatter(_typed(np.ascontiguousarray(work)), _typed(out), recvcounts=rows * row_elems,
                         op=_mpi_op(op, work.dtype))
     _finish(out, op, size, postscale)

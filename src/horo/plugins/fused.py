@@ -18,12 +18,12 @@ from collections.abc import Sequence
 import numpy as np
 
 from .. import core
+from ..core.mpi_ops import ALIGN
 from ..core.ops import Average, ReduceOp, Sum
 from ..core.process_sets import ProcessSet, resolve
 
 __all__ = ["ALIGN", "FusedAllreduce"]
 
-ALIGN = 64  # bytes: Eigen's alignment, which TF needs to adopt a numpy buffer as a tensor
 _FOLD_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
 
 
