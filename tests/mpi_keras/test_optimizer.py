@@ -170,3 +170,41 @@ def test_models_that_differ_between_ranks_raise_everywhere_instead_of_hanging(hv
     with pytest.raises(Exception, match="ranks disagree on") as info:
         model.fit(x, y, batch_size=B, epochs=1, verbose=0)
     assert "HINT:" in str(info.value)
+
+
+@pytest.mark.parametrize("compression", ["fp16", "bf16"])
+def test_16bit_exchange_scales_and_is_identical_on_all_ranks(hvd, multi, rank, backend, compression):
+    # Whichever backend: the float32 sums of the 16-bit shares run in the framework (TF graph ops or
+    # torch), with prescale/postscale, a float64 gradient, a None and sizes that do not split evenly.
+    from horo.keras import backend as backends
+    from horo.plugins.fused import FusedAllreduce
+    from horo.plugins.grad_settings import Settings
+
+    shapes = [(7, 3), (5,), (1,)]
+    mine = [np.random.default_rng(rank).standard_normal(s) * 1e-5 for s in shapes]
+    dtypes = ["float32", "float32", "float64"]
+    if backend == "torch":
+        import torch
+
+        grads = [torch.tensor(a, dtype=getattr(torch, d)) for a, d in zip(mine, dtypes)]
+    else:
+        import tensorflow as tf
+
+        grads = [tf.constant(a, dtype=d) for a, d in zip(mine, dtypes)]
+    settings = Settings(op=hvd.Sum, compression=getattr(hvd.Compression, compression), prescale_factor=0.5,
+                        postscale_factor=3.0, sparse_as_dense=False, backward_passes_per_step=1,
+                        average_aggregated_gradients=False, process_set=None)
+    fused = FusedAllreduce()
+    outs = [backends.current().exchange(grads + [None], settings, fused) for _ in range(2)][-1]
+    sums = [sum(np.random.default_rng(r).standard_normal(s) * 1e-5 for r in range(multi)) for s in shapes]
+    rtol = 2e-2 if compression == "bf16" else 2e-3
+
+    def check():
+        assert outs[3] is None
+        for got, want, d in zip(outs, sums, dtypes):
+            got = np.asarray(got.numpy() if hasattr(got, "numpy") else got)
+            assert got.dtype == np.dtype(d) and got.shape == want.shape
+            np.testing.assert_allclose(got, 1.5 * want, rtol=rtol, atol=1e-7)
+
+    agree(check)
+    assert_same_on_all_ranks([np.asarray(o) for o in outs[:3]], what="gradients")

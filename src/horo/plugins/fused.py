@@ -14,6 +14,7 @@ from __future__ import annotations
 import sys
 import zlib
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
@@ -40,6 +41,7 @@ class FusedAllreduce:
 
     def __init__(self) -> None:
         self._owners: dict[np.dtype, np.ndarray] = {}
+        self.layouts: dict[Any, Any] = {}  # other per-call-site helpers kept across steps (e.g. HalfExchange)
 
     def _buffer(self, dtype: np.dtype, nbytes: int) -> np.ndarray:
         raw = self._owners.get(dtype)

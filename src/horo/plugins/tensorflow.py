@@ -8,7 +8,6 @@ and one fused MPI call per dtype), and static shapes are restored on its outputs
 
 from __future__ import annotations
 
-import zlib
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -20,6 +19,7 @@ from ..core.dtypes import check_dtype
 from ..core.ops import Average, ReduceOp, Sum, resolve_op
 from ..core.process_sets import ProcessSet, resolve
 from .fused import FusedAllreduce
+from .half_exchange import WIRE_DTYPES, HalfExchange
 from .packing import broadcast_arrays
 
 __all__ = [
@@ -289,57 +289,25 @@ def reduce_gradients(grads: Sequence[Any], *, op: ReduceOp = Average, compressio
 def _tf_reducible(wire: Any, shape: Any, compression: Any, op: ReduceOp) -> bool:
     """Whether ``_reduce_16bit`` takes this dense wire: 16-bit compression, Sum/Average, a static shape."""
     kind = getattr(compression, "wire_dtype", None)
-    return (kind in ("float16", "bfloat16") and op in (Average, Sum) and wire.dtype.name == kind
+    return (kind in WIRE_DTYPES and op in (Average, Sum) and wire.dtype.name == kind
             and shape.is_fully_defined())
-
-
-_SEGMENT = 32  # 16-bit elements per 64 bytes: each gradient starts 64-byte aligned in the exchange buffers
 
 
 def _reduce_16bit(wires: Sequence[Any], shapes: Sequence[Any], op: ReduceOp, prescale_factor: float,
                   postscale_factor: float, process_set: ProcessSet | None, name: str) -> list[Any]:
-    """Reduce 16-bit tensors with float32 sums done by TF; numpy only moves their bytes.
-
-    numpy converts float16 element by element (``horo.core.half`` is steady but still ~10x slower than
-    TF's vectorised casts), so for compressed gradients the reduction is split around two collectives:
-    an alltoall hands every rank its 1/size share of everyone's 16-bit data, TF sums that share in float32
-    and rounds it once, and an allgather of the 16-bit shares completes the result. The wire carries
-    16 bits both ways and all ranks get identical bits, as with the core's 16-bit allreduce. The gradients
-    are packed and unpacked on the numpy side (no concat or split ops in the graph).
-    """
+    """Reduce 16-bit tensors: numpy moves their bytes, TF sums each rank's share (see ``HalfExchange``)."""
     tf = import_tf()
-    ps = resolve(process_set, name)
-    size, rank = ps.size(), ps.rank()
-    counts = [int(np.prod(s.as_list(), dtype=np.int64)) for s in shapes]
-    starts = [0]
-    for c in counts:
-        starts.append(starts[-1] + -(-c // _SEGMENT) * _SEGMENT)
-    total = starts.pop()
-    bounds = [total * k // size for k in range(size + 1)]
-    splits = np.diff(bounds).astype(np.int64)
-    mine = int(splits[rank])
     dtype = wires[0].dtype
-    send = np.zeros(total, _np_dtype(dtype, "gradients"))  # reused every step; the padding stays zero
-    # The layout joins the names, so ranks whose gradients differ get a MismatchError, not a wrong sum.
-    tag = f"{name}[{dtype.name}x{len(wires)}:{zlib.crc32(repr([s.as_list() for s in shapes]).encode()):08x}]"
-
-    def scatter(*arrays: np.ndarray) -> list[np.ndarray]:
-        for a, start, n in zip(arrays, starts, counts):
-            send[start:start + n] = a.reshape(-1)
-        return [core.alltoall(send, splits, name=f"{tag}.scatter", process_set=process_set)[0]]
-
-    def gather(share: np.ndarray) -> list[np.ndarray]:
-        full = core.allgather(share, name=f"{tag}.gather", process_set=process_set)
-        return [full[start:start + n] for start, n in zip(starts, counts)]
-
-    received = _run(scatter, wires, [dtype], [tf.TensorShape([size * mine])], f"{name}.scatter")[0]
-    parts = tf.reshape(received, [size, mine])
-    share = tf.add_n([tf.cast(parts[k], tf.float32) for k in range(size)])
-    scale = prescale_factor * postscale_factor / (size if op is Average else 1)
-    if scale != 1.0:
-        share = share * scale
-    outs = _run(gather, [tf.cast(share, dtype)], [dtype] * len(wires), [tf.TensorShape([n]) for n in counts],
-                f"{name}.gather")
+    ex = HalfExchange([tuple(s.as_list()) for s in shapes], _np_dtype(dtype, "gradients"), op,
+                      prescale_factor, postscale_factor, process_set, name)
+    received = _run(lambda *xs: [ex.scatter(xs)], wires, [dtype], [tf.TensorShape([ex.size * ex.share])],
+                    f"{name}.scatter")[0]
+    parts = tf.reshape(received, [ex.size, ex.share])
+    share = tf.add_n([tf.cast(parts[k], tf.float32) for k in range(ex.size)])
+    if ex.scale != 1.0:
+        share = share * ex.scale
+    outs = _run(ex.gather, [tf.cast(share, dtype)], [dtype] * len(wires),
+                [tf.TensorShape([n]) for n in ex.counts], f"{name}.gather")
     return [tf.reshape(o, shape) for o, shape in zip(outs, shapes)]
 
 

@@ -9,6 +9,7 @@ import numpy as np
 
 from ...plugins.fused import FusedAllreduce
 from ...plugins.grad_settings import Settings
+from ...plugins.half_exchange import WIRE_DTYPES, HalfExchange
 
 __all__ = ["exchange", "LocalAggregator", "GRAD_NAME"]
 
@@ -83,11 +84,37 @@ def exchange(grads: Sequence[Any], settings: Settings, fused: FusedAllreduce) ->
     if not idx:
         return grads
     wires, ctxs = zip(*(_compress(grads[i].detach(), settings.compression) for i in idx))
-    outs = fused([_to_host(w) for w in wires], settings.op, settings.prescale_factor,
-                 settings.postscale_factor, settings.process_set, GRAD_NAME)
+    wire_kind = getattr(settings.compression, "wire_dtype", None)
+    half = [k for k, w in enumerate(wires) if wire_kind in WIRE_DTYPES and str(w.dtype) == f"torch.{wire_kind}"]
+    rest = [k for k in range(len(wires)) if k not in set(half)]
+    outs: dict[int, Any] = {}
+    if half:  # summed in float32 by torch; numpy only moves the bytes (see horo.plugins.half_exchange)
+        outs.update(zip(half, _reduce_16bit([wires[k] for k in half], settings, fused)))
+    if rest:
+        arrays = fused([_to_host(wires[k]) for k in rest], settings.op, settings.prescale_factor,
+                       settings.postscale_factor, settings.process_set, GRAD_NAME)
+        outs.update((k, _from_host(a, wires[k])) for k, a in zip(rest, arrays))
     for k, i in enumerate(idx):
-        grads[i] = _decompress(_from_host(outs[k], wires[k]), ctxs[k], settings.compression)
+        grads[i] = _decompress(outs[k], ctxs[k], settings.compression)
     return grads
+
+
+def _reduce_16bit(wires: Sequence[Any], settings: Settings, fused: FusedAllreduce) -> list[Any]:
+    shapes = tuple(tuple(w.shape) for w in wires)
+    key = ("half", shapes, wires[0].dtype)
+    ex = fused.layouts.get(key)
+    if ex is None:  # one layout (and send buffer) per gradient list, reused every step
+        ex = fused.layouts[key] = HalfExchange(shapes, _to_host(wires[0][:0]).dtype, settings.op,
+                                               settings.prescale_factor, settings.postscale_factor,
+                                               settings.process_set, GRAD_NAME)
+    parts = _from_host(ex.scatter([_to_host(w) for w in wires]), wires[0]).view(ex.size, ex.share)
+    share = parts[0].float()
+    for k in range(1, ex.size):  # row by row: torch's sum over dim 0 is slower on CPU
+        share.add_(parts[k])
+    if ex.scale != 1.0:
+        share.mul_(ex.scale)
+    pieces = ex.gather(_to_host(share.to(wires[0].dtype)))
+    return [_from_host(p, w).view(w.shape) for p, w in zip(pieces, wires)]
 
 
 class LocalAggregator:
