@@ -1,0 +1,29 @@
+"""The Keras benchmark runs end to end (a few steps): its variants, including the bare-mpi4py reference."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("keras")
+
+
+@pytest.mark.timeout(300)
+def test_keras_bench_runs_and_reports_every_variant(tmp_path: Path) -> None:
+    out = tmp_path / "keras.json"
+    proc = subprocess.run(
+        [sys.executable, "-m", "horo.bench", "keras", "--repeats", "1", "--rounds", "1", "--steps", "3",
+         "--warmup", "2", "--json", str(out)],
+        capture_output=True, text=True, timeout=280,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    for row in ("DistributedOptimizer", "Compression.fp16", "bare mpi4py in the step", "raw MPI Allreduce"):
+        assert row in proc.stdout, proc.stdout
+    summary = json.loads(out.read_text())["summary"]
+    assert "size1_overhead" in summary, summary
+    for key in ("efficiency", "efficiency_fp16", "efficiency_bare_mpi"):
+        assert 0 < summary[key] < 2, summary
