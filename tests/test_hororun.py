@@ -162,6 +162,29 @@ def test_all_ranks_succeed_exit_zero(tmp_path: Path) -> None:
 
 
 @pytest.mark.timeout(60)
+def test_failing_ranks_code_wins_over_a_killed_ranks_signal(tmp_path: Path) -> None:
+    # When a rank fails, mpiexec kills the others, and its own status is sometimes a killed rank's signal
+    # (9) rather than the failing rank's code. Forced here: rank 1 reports code 3 the way the rank hook
+    # does on sys.exit(3) and lingers; rank 0 then dies of SIGKILL first. hororun must still return 3.
+    body = """
+        import os, signal, time
+        from mpi4py import MPI
+        comm = MPI.COMM_WORLD
+        comm.Barrier()
+        report = os.path.join(os.environ["HORORUN_STATUS_DIR"], "exit.test")
+        if comm.Get_rank() == 1:
+            with open(report, "w") as f:
+                f.write(f"{time.time():.6f} 3\\n")
+            time.sleep(30)
+        while not os.path.exists(report):
+            time.sleep(0.01)
+        os.kill(os.getpid(), signal.SIGKILL)
+    """
+    out = hororun("-np", "2", sys.executable, script(tmp_path, body))
+    assert out.returncode == 3, (out.returncode, out.stdout[-2000:], out.stderr[-2000:])
+
+
+@pytest.mark.timeout(60)
 def test_exit_code_of_failing_rank_propagates(tmp_path: Path) -> None:
     # Rank 1 leaves with sys.exit(3) while rank 0 waits in a barrier that will never complete.
     body = """

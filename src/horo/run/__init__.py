@@ -49,10 +49,25 @@ def _rank_env(base: dict[str, str], timeline: str | None, np_: int | None = None
     return extra
 
 
+def _first_rank_exit(folder: str, rc: int) -> int:
+    """The exit code of the rank that failed first (reported by the rank hook), else mpiexec's ``rc``."""
+    if rc == 0:
+        return 0
+    reports = []
+    for path in Path(folder).glob("exit.*"):
+        try:
+            when, code = path.read_text().split()
+            reports.append((float(when), int(code)))
+        except (OSError, ValueError):
+            continue
+    return min(reports)[1] if reports else rc
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run ``hororun`` with ``argv`` (default ``sys.argv[1:]``); returns the exit status.
 
-    The status is mpiexec's: 0, or the exit code of the rank that failed (2 for a bad command line).
+    The status is 0, or the exit code of the rank that failed first (2 for a bad command line; mpiexec's
+    own status when no rank reported one, e.g. a rank killed by a signal).
     """
     argv = sys.argv[1:] if argv is None else list(argv)
     try:
@@ -112,8 +127,10 @@ def main(argv: list[str] | None = None) -> int:
             print(f"hororun: {shlex.join(cmd)}", file=sys.stderr, flush=True)
         from horo.run.launch import run_job
 
+        env["HORORUN_STATUS_DIR"] = tmp
         try:
-            return run_job(cmd, env)
+            rc = run_job(cmd, env)
         except OSError as exc:
             print(f"hororun: error: cannot start {mpiexec}: {exc}", file=sys.stderr)
             return 127
+        return _first_rank_exit(tmp, rc)

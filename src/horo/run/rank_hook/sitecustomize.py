@@ -44,7 +44,24 @@ def _hard_exit(code: int) -> None:
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(Exception):  # a closed or broken stream must not stop the exit
             stream.flush()
+    _report(code)
     os._exit(code)
+
+
+def _report(code: int) -> None:
+    """Tell hororun this rank chose to exit with ``code`` (and when).
+
+    mpiexec kills the other ranks once one fails, and its own status is then sometimes a killed rank's
+    signal (9) instead of the failing rank's code; hororun returns the earliest code reported here.
+    """
+    folder = os.environ.get("HORORUN_STATUS_DIR")
+    if not folder:
+        return
+    import time
+
+    with contextlib.suppress(OSError):  # e.g. a rank on another host, where the folder does not exist
+        with open(os.path.join(folder, f"exit.{os.getpid()}"), "w") as f:
+            f.write(f"{time.time():.6f} {code}\n")
 
 
 def _exit_code(status: object) -> int:
