@@ -17,8 +17,8 @@ from .config import config
 from .dtypes import needs_upcast
 from .ops import Average, Max, Min, Product, ReduceOp, Sum
 
-__all__ = ["ALIGN", "empty", "allreduce_into", "allgather", "broadcast_into", "alltoall", "reducescatter",
-           "scatter_counts"]
+__all__ = ["ALIGN", "empty", "aligned_view", "allreduce_into", "allgather", "broadcast_into", "alltoall",
+           "reducescatter", "scatter_counts"]
 
 # Filled on first use: importing horo must not start MPI (hororun imports it before spawning mpiexec).
 MPI: Any = None
@@ -157,23 +157,24 @@ def _narrow(acc: np.ndarray, dtype: np.dtype) -> np.ndarray:
     return acc.astype(dtype)
 
 
-_POOL: dict[tuple[np.dtype, int], list[np.ndarray]] = {}
-_POOL_MIN_BYTES = 1 << 20
-_POOL_DEPTH = 2
-
-
 ALIGN = 64  # bytes: frameworks adopt a result without copying only at this alignment (TF: Eigen's)
 
 
 def empty(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
     """``np.empty`` whose data starts on a 64-byte boundary (numpy only promises 16)."""
     nbytes = math.prod(shape) * dtype.itemsize
-    return _aligned_view(np.empty(nbytes + ALIGN, np.uint8), nbytes, dtype).reshape(shape)
+    return aligned_view(np.empty(nbytes + ALIGN, np.uint8), nbytes, dtype).reshape(shape)
 
 
-def _aligned_view(raw: np.ndarray, nbytes: int, dtype: np.dtype) -> np.ndarray:
+def aligned_view(raw: np.ndarray, nbytes: int, dtype: np.dtype) -> np.ndarray:
+    """The first ``nbytes`` of uint8 ``raw`` (``ALIGN`` bytes longer) from a 64-byte boundary, as ``dtype``."""
     start = (-raw.ctypes.data) % ALIGN
     return raw[start:start + nbytes].view(dtype)
+
+
+_POOL: dict[tuple[np.dtype, int], list[np.ndarray]] = {}
+_POOL_MIN_BYTES = 1 << 20
+_POOL_DEPTH = 2
 
 
 def result_buffer(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
@@ -189,11 +190,11 @@ def result_buffer(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
     slots = _POOL.setdefault((dtype, nbytes), [])
     for raw in slots:
         if sys.getrefcount(raw) == 3:  # the slot list, this loop variable, getrefcount's argument
-            return _aligned_view(raw, nbytes, dtype).reshape(shape)
+            return aligned_view(raw, nbytes, dtype).reshape(shape)
     raw = np.empty(nbytes + ALIGN, np.uint8)  # every view of it (the results) has it as .base
     if len(slots) < _POOL_DEPTH:
         slots.append(raw)
-    return _aligned_view(raw, nbytes, dtype).reshape(shape)
+    return aligned_view(raw, nbytes, dtype).reshape(shape)
 
 
 def _bytes(arr: np.ndarray) -> np.ndarray:

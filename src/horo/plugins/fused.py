@@ -19,18 +19,13 @@ from typing import Any
 import numpy as np
 
 from .. import core
-from ..core.mpi_ops import ALIGN
+from ..core.mpi_ops import ALIGN, aligned_view
 from ..core.ops import Average, ReduceOp, Sum
 from ..core.process_sets import ProcessSet, resolve
 
 __all__ = ["ALIGN", "FusedAllreduce"]
 
 _FOLD_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
-
-
-def _aligned(raw: np.ndarray, nbytes: int) -> np.ndarray:
-    start = (-raw.ctypes.data) % ALIGN
-    return raw[start:start + nbytes]
 
 
 class FusedAllreduce:
@@ -50,7 +45,7 @@ class FusedAllreduce:
         # be overwritten, so take a fresh buffer then.
         if raw is None or raw.nbytes < nbytes + ALIGN or sys.getrefcount(raw) > 3:
             raw = self._owners[dtype] = np.zeros(nbytes + ALIGN, dtype=np.uint8)
-        return _aligned(raw, nbytes)
+        return aligned_view(raw, nbytes, np.dtype(np.uint8))
 
     def __call__(self, arrays: Sequence[np.ndarray], op: ReduceOp, prescale_factor: float = 1.0,
                  postscale_factor: float = 1.0, process_set: ProcessSet | None = None,
