@@ -17,6 +17,7 @@ its own rank submits, which any pending op needs anyway, so the long tick adds n
 from __future__ import annotations
 
 import itertools
+import os
 import sys
 import threading
 import time
@@ -80,7 +81,7 @@ class Engine:
         self.threshold = config.int("HORO_FUSION_THRESHOLD")
         self.idle_s = max(config["HORO_CYCLE_TIME"], 0.1) / 1000.0
         self.busy_cap_s = 2e-4
-        self.spin = 200
+        self.spin_s = 2e-4  # poll this long before backing off (peers usually arrive together)
         self.stall_check_s = config["HORO_STALL_CHECK_TIME_SECONDS"]
         self.stall_shutdown_s = config["HORO_STALL_SHUTDOWN_TIME_SECONDS"]
         self.first_seen: dict[str, float] = {}
@@ -160,13 +161,16 @@ class Engine:
     def _wait(self, mpi_req: Any) -> None:
         """Poll a round to completion without burning a core while peers compute.
 
-        A few quick polls first (peers usually arrive together), then exponential back-off; while
-        this rank has work pending the back-off stays short, and a new submission cuts it off.
+        With work pending, ``spin_s`` of quick polls first (peers usually arrive together), then
+        exponential back-off; while this rank has work pending the back-off stays short, and a new
+        submission cuts it off.
         """
-        for _ in range(self.spin if (self.pending or self.joined) else 0):  # idle rounds must not tax other MPI traffic
-            if mpi_req.Test():
-                return
-            time.sleep(0)
+        if self.pending or self.joined:  # idle rounds must not tax other MPI traffic
+            spin_until = time.perf_counter() + self.spin_s
+            while time.perf_counter() < spin_until:
+                if mpi_req.Test():
+                    return
+                os.sched_yield()  # lets other threads run; time.sleep(0) would take ~80 µs (timer slack)
         delay = 5e-5
         while not mpi_req.Test():
             with self.cv:
