@@ -115,8 +115,8 @@ def _allreduce_16bit(comm: Any, src: np.ndarray, dst: np.ndarray, op: ReduceOp, 
     """
     size, rank = comm.Get_size(), comm.Get_rank()
     item = src.dtype.itemsize
-    bounds = np.array([src.size * k // size for k in range(size + 1)], dtype=np.int64)
-    counts = np.diff(bounds)
+    counts = scatter_counts(src.size, size)  # each rank's share, as reducescatter splits rows
+    bounds = np.concatenate([[0], np.cumsum(counts)])
     lo, hi = int(bounds[rank]), int(bounds[rank + 1])
     mine = hi - lo
     parts = np.empty((size, mine), dtype=src.dtype)

@@ -17,6 +17,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from .. import core
+from ..core.mpi_ops import scatter_counts
 from ..core.ops import Average, ReduceOp, Sum
 from ..core.process_sets import ProcessSet, resolve
 
@@ -54,8 +55,7 @@ class HalfExchange:
         for c in self.counts:
             self.starts.append(self.starts[-1] + -(-c // _SEGMENT) * _SEGMENT)
         total = self.starts.pop()
-        bounds = [total * k // self.size for k in range(self.size + 1)]
-        self.splits = np.diff(bounds).astype(np.int64)
+        self.splits = scatter_counts(total, self.size)  # the same shares as the core's 16-bit allreduce
         self.share = int(self.splits[rank])  # elements of the sum this rank computes
         self.scale = prescale_factor * postscale_factor / (self.size if op is Average else 1)
         self.send = np.zeros(total, dtype)  # reused every step; the padding stays zero
