@@ -23,9 +23,16 @@ from ..core.mpi_ops import ALIGN, aligned_view
 from ..core.ops import Average, ReduceOp, Sum
 from ..core.process_sets import ProcessSet, resolve
 
-__all__ = ["ALIGN", "FusedAllreduce"]
+__all__ = ["ALIGN", "FusedAllreduce", "layout_name"]
 
 _FOLD_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
+
+
+def layout_name(name: str, dtype: np.dtype, shapes: Sequence[tuple[int, ...]]) -> str:
+    """``name`` tagged with the dtype and shapes it packs: ranks whose layouts differ disagree on the name,
+    so the agreement raises a MismatchError instead of reducing mismatched buffers."""
+    layout = zlib.crc32(repr([tuple(s) for s in shapes]).encode())
+    return f"{name}[{np.dtype(dtype).name}x{len(shapes)}:{layout:08x}]"
 
 
 class FusedAllreduce:
@@ -73,11 +80,9 @@ class FusedAllreduce:
                     np.multiply(arrays[i].reshape(-1), scale, out=dst, casting="unsafe")
                 else:
                     dst[...] = arrays[i].reshape(-1)
-            # The layout joins the name, hence the cross-rank agreement: different shapes -> MismatchError.
-            layout = zlib.crc32(repr([arrays[i].shape for i in idx]).encode())
             core.allreduce_(flat, op=Sum if fold else op, prescale_factor=1.0 if fold else prescale_factor,
-                            postscale_factor=postscale_factor, name=f"{name}[{dtype}x{len(idx)}:{layout:08x}]",
-                            process_set=process_set)
+                            postscale_factor=postscale_factor, process_set=process_set,
+                            name=layout_name(name, dtype, [arrays[i].shape for i in idx]))
             for i, start in zip(idx, offsets):
                 n = arrays[i].size
                 outs[i] = flat[start // item:start // item + n].reshape(arrays[i].shape)

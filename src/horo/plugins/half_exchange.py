@@ -11,7 +11,6 @@ as graph ops) and by Keras on torch.
 
 from __future__ import annotations
 
-import zlib
 from collections.abc import Sequence
 
 import numpy as np
@@ -20,6 +19,7 @@ from .. import core
 from ..core.mpi_ops import scatter_counts
 from ..core.ops import Average, ReduceOp, Sum
 from ..core.process_sets import ProcessSet, resolve
+from .fused import layout_name
 
 __all__ = ["HalfExchange", "WIRE_DTYPES"]
 
@@ -59,8 +59,7 @@ class HalfExchange:
         self.share = int(self.splits[rank])  # elements of the sum this rank computes
         self.scale = prescale_factor * postscale_factor / (self.size if op is Average else 1)
         self.send = np.zeros(total, dtype)  # reused every step; the padding stays zero
-        layout = zlib.crc32(repr([tuple(s) for s in shapes]).encode())
-        self.tag = f"{name}[{np.dtype(dtype).name}x{len(shapes)}:{layout:08x}]"
+        self.tag = layout_name(name, dtype, shapes)
 
     def scatter(self, arrays: Sequence[np.ndarray]) -> np.ndarray:
         """Send each rank its share; returns ``(size * share,)``: row r is rank r's part of my share."""
