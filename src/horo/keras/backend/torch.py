@@ -86,7 +86,7 @@ def exchange(grads: Sequence[Any], settings: Settings, fused: FusedAllreduce) ->
     wires, ctxs = zip(*(_compress(grads[i].detach(), settings.compression) for i in idx))
     wire_kind = getattr(settings.compression, "wire_dtype", None)
     half = [k for k, w in enumerate(wires) if wire_kind in WIRE_DTYPES and str(w.dtype) == f"torch.{wire_kind}"]
-    rest = [k for k in range(len(wires)) if k not in set(half)]
+    rest = sorted(set(range(len(wires))) - set(half))
     outs: dict[int, Any] = {}
     if half:  # summed in float32 by torch; numpy only moves the bytes (see horo.plugins.half_exchange)
         outs.update(zip(half, _reduce_16bit([wires[k] for k in half], settings, fused)))
