@@ -1,0 +1,42 @@
+"""The Keras and TF examples run as users run them: ``hororun -np 2 python examples/...`` (offline)."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+TIMEOUT = 240.0
+
+pytestmark = pytest.mark.skipif(
+    importlib.util.find_spec("keras") is None or importlib.util.find_spec("tensorflow") is None,
+    reason="needs keras and tensorflow (pip install 'horo[keras]')",
+)
+
+
+def _hororun(script: str, *args: str, cwd: Path) -> str:
+    env = dict(os.environ, OMP_NUM_THREADS="1", TF_CPP_MIN_LOG_LEVEL="3", KERAS_BACKEND="tensorflow")
+    cmd = [sys.executable, "-m", "horo.run", "-np", "2", sys.executable, str(REPO / "examples" / script), *args]
+    proc = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=TIMEOUT)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-6000:]
+    return out
+
+
+@pytest.mark.mpi
+@pytest.mark.timeout(TIMEOUT + 30)
+def test_keras_fit_recipe_on_two_ranks(tmp_path: Path) -> None:
+    out = _hororun("keras_fit.py", "--epochs", "2", "--warmup-epochs", "1", "--samples", "2048", cwd=tmp_path)
+    assert "best checkpoint reloaded with a distributed SGD" in out, out[-6000:]
+
+
+@pytest.mark.mpi
+@pytest.mark.timeout(TIMEOUT + 30)
+def test_tf_custom_loop_on_two_ranks(tmp_path: Path) -> None:
+    out = _hororun("tf_custom_loop.py", cwd=tmp_path)
+    assert "weights identical on all ranks: True" in out, out[-6000:]
