@@ -1,27 +1,51 @@
-"""Top-level test configuration.
+"""Top-level test configuration, and the fixtures every in-rank suite shares.
 
-tests/mpi holds collective tests meant to run inside MPI ranks; tests/test_mpi_suites.py launches them under
-mpiexec at world sizes 1, 2 and 3. A plain ``pytest`` (or ``pytest tests``) therefore does not collect
-tests/mpi itself; it is collected when named explicitly, e.g. ``mpiexec -n 2 python -m pytest tests/mpi``.
+tests/mpi, tests/mpi_keras and tests/mpi_torch hold tests meant to run inside MPI ranks; tests/test_mpi_suites.py,
+tests/test_keras_mpi.py and tests/test_torch_mpi.py launch them under mpiexec at world sizes 1, 2 and 3. A
+plain ``pytest`` (or ``pytest tests``) therefore does not collect those directories; each is collected when
+named explicitly, e.g. ``mpiexec -n 2 python -m pytest tests/mpi``. Each of them defines its own ``hvd``
+fixture (the facade it tests); ``world``, ``rank`` and ``multi`` below build on whichever one applies.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-_MPI_DIR = (Path(__file__).parent / "mpi").resolve()
+import pytest
+
+_HERE = Path(__file__).parent.resolve()
+_RANK_ONLY = tuple(_HERE / d for d in ("mpi", "mpi_keras", "mpi_torch"))
 
 
-def _names_mpi_dir(config) -> bool:
+def _named(directory: Path, config: pytest.Config) -> bool:
     base = Path(config.invocation_params.dir)
     for arg in config.args:
         path = (base / str(arg).split("::", 1)[0]).resolve()
-        if path == _MPI_DIR or _MPI_DIR in path.parents:
+        if path == directory or directory in path.parents:
             return True
     return False
 
 
-def pytest_ignore_collect(collection_path, config):
-    if Path(collection_path).resolve() == _MPI_DIR and not _names_mpi_dir(config):
+def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
+    path = Path(collection_path).resolve()
+    if path in _RANK_ONLY and not _named(path, config):
         return True
     return None
+
+
+@pytest.fixture(scope="session")
+def world(hvd) -> int:
+    return hvd.size()
+
+
+@pytest.fixture(scope="session")
+def rank(hvd) -> int:
+    return hvd.rank()
+
+
+@pytest.fixture
+def multi(world):
+    """Skip a test that only means something with 2 or more ranks."""
+    if world < 2:
+        pytest.skip("needs a world of 2 or more ranks")
+    return world

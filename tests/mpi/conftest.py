@@ -26,29 +26,11 @@ def hvd():
 
 
 @pytest.fixture(scope="session")
-def world(hvd) -> int:
-    return hvd.size()
-
-
-@pytest.fixture(scope="session")
-def rank(hvd) -> int:
-    return hvd.rank()
-
-
-@pytest.fixture(scope="session")
 def comm(hvd):
     """An mpi4py communicator for test bookkeeping only (never to check horo against itself)."""
     from horo_mpi_util import sync_comm
 
     return sync_comm()
-
-
-@pytest.fixture
-def multi(world):
-    """Skip a test that only means something with 2 or more ranks."""
-    if world < 2:
-        pytest.skip("needs a world of 2 or more ranks")
-    return world
 
 
 def pytest_report_header(config):

@@ -17,23 +17,6 @@ for _var, _val in (("OMP_NUM_THREADS", "1"), ("TF_NUM_INTEROP_THREADS", "1"), ("
 
 import pytest  # noqa: E402
 
-_HERE = Path(__file__).parent.resolve()
-
-
-def _named(config) -> bool:
-    base = Path(config.invocation_params.dir)
-    for arg in config.args:
-        path = (base / str(arg).split("::", 1)[0]).resolve()
-        if path == _HERE or _HERE in path.parents:
-            return True
-    return False
-
-
-def pytest_ignore_collect(collection_path, config):
-    if Path(collection_path).resolve().parent == _HERE and not _named(config):
-        return True
-    return None
-
 
 def _limit_threads() -> None:
     backend = os.environ["KERAS_BACKEND"]
@@ -64,16 +47,6 @@ def hvd():
 
 
 @pytest.fixture(scope="session")
-def world(hvd) -> int:
-    return hvd.size()
-
-
-@pytest.fixture(scope="session")
-def rank(hvd) -> int:
-    return hvd.rank()
-
-
-@pytest.fixture(scope="session")
 def backend() -> str:
     return os.environ["KERAS_BACKEND"]
 
@@ -83,13 +56,6 @@ def tf_backend(backend):
     """Skip unless Keras runs on TensorFlow (sparse gradients, XLA, tf.function)."""
     if backend != "tensorflow":
         pytest.skip("TensorFlow-backend behaviour")
-
-
-@pytest.fixture
-def multi(world):
-    if world < 2:
-        pytest.skip("needs 2 or more ranks")
-    return world
 
 
 @pytest.fixture

@@ -21,22 +21,6 @@ sys.path.insert(0, str(_HERE))  # torch_mpi_util
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
-def _named_here(config: pytest.Config) -> bool:
-    base = Path(config.invocation_params.dir)
-    for arg in config.args:
-        path = (base / str(arg).split("::", 1)[0]).resolve()
-        if path == _HERE or _HERE in path.parents:
-            return True
-    return False
-
-
-def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
-    path = Path(collection_path).resolve()
-    if _HERE in path.parents and not _named_here(config):
-        return True
-    return None
-
-
 @pytest.fixture(scope="session")
 def hvd():
     """horo.torch, initialised once per session (and shut down at the end)."""
@@ -51,23 +35,6 @@ def hvd():
     yield hvd
     test_comm().Barrier()
     hvd.shutdown()
-
-
-@pytest.fixture(scope="session")
-def world(hvd) -> int:
-    return hvd.size()
-
-
-@pytest.fixture(scope="session")
-def rank(hvd) -> int:
-    return hvd.rank()
-
-
-@pytest.fixture
-def multi(world):
-    if world < 2:
-        pytest.skip("needs a world of 2 or more ranks")
-    return world
 
 
 @pytest.fixture
