@@ -142,14 +142,8 @@ def grouped_allreduce(tensors: Sequence[Any], average: bool | None = None, name:
                       op: Any = None, prescale_factor: float = 1.0, postscale_factor: float = 1.0,
                       process_set: ProcessSet | None = None) -> list[np.ndarray]:
     """Allreduce a list of arrays in one fused exchange per dtype; returns new arrays."""
-    what = "horo.grouped_allreduce"
-    ps = resolve(process_set, what)
-    arrs = _grouped(tensors, what, writable=False)
-    if not arrs:
-        return []
-    rop, pre, post = zip(*(reduce_args(a, op, average, prescale_factor, postscale_factor, what) for a in arrs))
-    agree(ps.comm, grouped_sig(arrs, name_arg(name, what), rop[0], pre[0], post[0]), ranks=ps.ranks)
-    return reduce_group(ps.comm, arrs, rop[0], pre[0], post[0])
+    return _grouped_reduce("horo.grouped_allreduce", tensors, False, average, name, op, prescale_factor,
+                           postscale_factor, process_set)
 
 
 @gpu_twin
@@ -157,14 +151,20 @@ def grouped_allreduce_(tensors: Sequence[np.ndarray], average: bool | None = Non
                        op: Any = None, prescale_factor: float = 1.0, postscale_factor: float = 1.0,
                        process_set: ProcessSet | None = None) -> list[np.ndarray]:
     """In-place grouped allreduce; returns the input arrays, now holding the results."""
-    what = "horo.grouped_allreduce_"
+    return _grouped_reduce("horo.grouped_allreduce_", tensors, True, average, name, op, prescale_factor,
+                           postscale_factor, process_set)
+
+
+def _grouped_reduce(what: str, tensors: Sequence[Any], inplace: bool, average: bool | None, name: str | None,
+                    op: Any, prescale_factor: float, postscale_factor: float,
+                    process_set: ProcessSet | None) -> list[np.ndarray]:
     ps = resolve(process_set, what)
-    arrs = _grouped(tensors, what, writable=True)
+    arrs = _grouped(tensors, what, writable=inplace)
     if not arrs:
         return []
     rop, pre, post = zip(*(reduce_args(a, op, average, prescale_factor, postscale_factor, what) for a in arrs))
     agree(ps.comm, grouped_sig(arrs, name_arg(name, what), rop[0], pre[0], post[0]), ranks=ps.ranks)
-    return reduce_group(ps.comm, arrs, rop[0], pre[0], post[0], outs=arrs)
+    return reduce_group(ps.comm, arrs, rop[0], pre[0], post[0], outs=arrs if inplace else None)
 
 
 @gpu_twin
