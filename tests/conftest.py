@@ -9,9 +9,16 @@ fixture (the facade it tests); ``world``, ``rank`` and ``multi`` below build on 
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
+
+# The suite starts mpiexec itself. Open MPI refuses root (CI and containers run as root) and more ranks than
+# cores unless told; MPICH ignores these names.
+for _name, _value in (("OMPI_ALLOW_RUN_AS_ROOT", "1"), ("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1"),
+                      ("PRTE_MCA_rmaps_default_mapping_policy", ":oversubscribe")):
+    os.environ.setdefault(_name, _value)
 
 _HERE = Path(__file__).parent.resolve()
 _RANK_ONLY = tuple(_HERE / d for d in ("mpi", "mpi_keras", "mpi_torch"))

@@ -99,6 +99,9 @@ def build_command(plan: LaunchPlan) -> list[str]:
     cmd = [plan.mpiexec, "-np", str(plan.np)]
     if plan.flavor == OPENMPI:
         cmd.append("--oversubscribe")
+        if hasattr(os, "geteuid") and os.geteuid() == 0:
+            # Containers and CI often run as root; Open MPI refuses that unless told.
+            cmd.append("--allow-run-as-root")
         if plan.hosts:
             cmd += ["-H", to_hydra_hosts_arg(plan.hosts)]  # Open MPI takes the same host:slots list
         if plan.hostfile:
