@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from horo.bench._util import env_summary, md_table
+from horo.run.mpiexec import local_command
 
 _MARK = "HORO_KERAS_BENCH "
 _RANK_VARS = ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK")
@@ -223,20 +224,8 @@ def _repeat_forever(x: Any, y: Any) -> Any:
 
 # -- launcher --------------------------------------------------------------------------------------------
 
-def _mpiexec() -> str:
-    cand = Path(sys.executable).parent / "mpiexec"
-    if cand.exists():
-        return str(cand)
-    from shutil import which
-
-    found = which("mpiexec")
-    if not found:
-        raise FileNotFoundError("no mpiexec found. Received: PATH without mpiexec. HINT: pip install mpich.")
-    return found
-
-
 def _run(n: int, args: argparse.Namespace, passthrough: list[str]) -> dict[str, Any]:
-    cmd = [_mpiexec(), "-n", str(n), sys.executable, "-m", "horo.bench.keras", "--worker", *passthrough]
+    cmd = local_command(n, [sys.executable, "-m", "horo.bench.keras", "--worker", *passthrough])
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             start_new_session=True)
     try:

