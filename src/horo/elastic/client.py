@@ -21,6 +21,7 @@ __all__ = ["enabled", "start", "growth_available", "free_slots", "claim_slots", 
 _lock = threading.Lock()
 _poll: dict[str, Any] = {"free": 0, "hosts": [], "thread": None}
 _me: dict[str, str | None] = {"host": None}
+_new_hosts: list[str] = []
 
 
 def enabled() -> bool:
@@ -46,12 +47,9 @@ def my_host() -> str:
     return _me["host"]  # type: ignore[return-value]
 
 
-def set_new_hosts(hosts: list[str], first_new_rank: int) -> None:
-    """After a growth: tell the new workers (ranks from ``first_new_rank`` on) their logical hosts."""
-    table = core.broadcast_object(hosts, 0, name="horo.elastic.new_hosts")
-    r = core.rank()
-    if r >= first_new_rank:
-        _me["host"] = table[r - first_new_rank]
+def set_new_hosts(hosts: list[str]) -> None:
+    """Rank 0, after a growth: the logical hosts of the new workers, in rank order (see ``report_world``)."""
+    _new_hosts[:] = hosts
 
 
 def _poller() -> None:
@@ -75,7 +73,6 @@ def start() -> None:
     t = threading.Thread(target=_poller, name="horo-elastic-poll", daemon=True)
     t.start()
     _poll["thread"] = t
-    my_host()
 
 
 def free_slots() -> int:
@@ -112,10 +109,18 @@ def report_world() -> None:
         return
     members = core.allgather_object([my_host(), socket.gethostname(), os.getpid()], name="horo.elastic.members")
     if core.rank() == 0:
+        # Spawned workers do not know their logical host yet: rank 0 claimed them, in this order.
+        fill = iter(list(_new_hosts))
+        for m in members:
+            if m[0] == "?":
+                m[0] = next(fill, "?")
+        _new_hosts.clear()
         try:
             _request({"op": "world", "members": members})
         except (OSError, ValueError):
             pass
+    members = core.broadcast_object(members, 0, name="horo.elastic.members.table")
+    _me["host"] = members[core.rank()][0]
 
 
 def report_fatal(message: str) -> None:

@@ -141,7 +141,7 @@ def grow() -> None:
     merged = inter.Merge(high=False)
     core.shutdown()
     core.init(comm=merged)
-    client.set_new_hosts(hosts, old)
+    client.set_new_hosts(hosts)
     world.timings["grow_s"] = time.perf_counter() - t0
     _log(f"rank {core.rank()}: world grew from {old} to {core.size()} processes in "
          f"{world.timings['grow_s'] * 1e3:.0f} ms (new workers on {hosts})")
@@ -171,6 +171,7 @@ def run(func: F) -> F:
         from . import client
 
         client.start()
+        client.report_world()  # collective: spawned workers meet the others here, before the first sync
         reset: str | None = None
         skip_sync = False
         while True:
