@@ -8,6 +8,7 @@ itself), ELASTIC_GROW ("epoch:batch:FILE:TEXT": rank 0 writes TEXT into the disc
 import json
 import os
 import signal
+import time
 
 import torch
 import torch.nn.functional as F
@@ -23,6 +24,7 @@ BATCHES = int(os.environ.get("BATCHES", "12"))
 BASE_LR = 0.01
 KILLS = [tuple(int(x) for x in k.split(":")) for k in os.environ.get("ELASTIC_KILLS", "").split(",") if k]
 GROW = os.environ.get("ELASTIC_GROW", "")
+STEP_SLEEP = float(os.environ.get("STEP_SLEEP", "0"))
 
 g = torch.Generator().manual_seed(0)
 X = torch.randn(BATCHES * 8, 16, generator=g)
@@ -63,6 +65,7 @@ def train(state):
             loss = F.cross_entropy(model(xb), yb)
             loss.backward()
             optimizer.step()
+            time.sleep(STEP_SLEEP)  # gives discovery (polled each second) time to see a new host
             state.batch = b + 1
             state.commit()
         state.batch = 0

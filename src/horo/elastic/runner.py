@@ -35,7 +35,7 @@ from .errors import ElasticError, HostsUpdatedInterrupt
 __all__ = ["run", "host_update_pending", "reset_count"]
 
 F = TypeVar("F", bound=Callable[..., Any])
-_resets = {"count": 0}
+_resets = {"count": 0, "failures": 0, "atexit": 0}
 
 
 def reset_count() -> int:
@@ -77,7 +77,28 @@ def _check_reset_limit() -> None:
         )
 
 
+def _exit_without_finalize() -> None:
+    """At a normal exit after a peer died: leave without ``MPI_Finalize``.
+
+    Open MPI's finalize waits in a job-wide PMIx fence, which (measured here) can wait forever for processes
+    that were SIGKILLed earlier. horo's own shutdown still runs first, with the surviving ranks.
+    """
+    if not _resets["failures"]:
+        return
+    try:
+        core.shutdown()
+    except Exception as exc:  # noqa: BLE001 - report, and exit all the same
+        sys.stderr.write(f"horo.elastic: error during shutdown at exit: {exc}\n")
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:  # noqa: BLE001, S112 - a closed stream must not stop the exit
+            continue
+    os._exit(0)
+
+
 def _after_failure() -> None:
+    _resets["failures"] += 1
     t0 = time.perf_counter()
     old = core.size() if rt.world is not None else -1
     world.shrink()
@@ -170,6 +191,11 @@ def run(func: F) -> F:
             world.require_ft("horo.elastic.run")
         from . import client
 
+        if not _resets["atexit"]:
+            import atexit
+
+            atexit.register(_exit_without_finalize)  # after mpi4py's: runs before MPI_Finalize
+            _resets["atexit"] = 1
         client.start()
         client.report_world()  # collective: spawned workers meet the others here, before the first sync
         reset: str | None = None
