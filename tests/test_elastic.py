@@ -128,7 +128,7 @@ def test_kill_rank0_then_again_two_failures_in_a_row(tmp_path: Path) -> None:
     assert only["size"] == 1 and only["rank"] == 0
     assert only["total"] == 10 * 3 + 15 * 2 + 15 * 1, "a committed step was lost or counted twice"
     assert [r[0] for r in only["resets"]] == [2, 1]
-    assert job.out.count("failed; ") == 2, _show(job)
+    assert job.out.count(" is excluded ") == 2, _show(job)
 
 
 @needs_ulfm

@@ -129,6 +129,9 @@ def _abort_on_uncaught(exc_type: type[BaseException], exc: BaseException, tb: An
     sys.stdout.flush()
     global _aborting
     _aborting = True
+    hook = sys.modules.get("sitecustomize")  # hororun's rank hook: record the exit code, since under ULFM
+    if hook is not None and hasattr(hook, "_report"):  # mpiexec may exit 0 after an MPI_Abort
+        hook._report(1)  # noqa: SLF001
     # Give the launcher a moment to forward this traceback before MPI_Abort kills the job's output.
     time.sleep(0.5)
     from mpi4py import MPI

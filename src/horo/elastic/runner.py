@@ -216,6 +216,9 @@ def run(func: F) -> F:
                     state.sync()
                 skip_sync = False
                 result = func(state, *args, **kwargs)
+            except ElasticError as exc:
+                client.report_fatal(str(exc))
+                raise
             except HoroInternalError as exc:
                 _log(f"caught {type(exc).__name__}: {exc}")
                 ok = False
