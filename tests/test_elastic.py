@@ -164,7 +164,8 @@ def test_grow_two_to_three_through_discovery(tmp_path: Path) -> None:
     disc.chmod(0o755)
     job = run_elastic(tmp_path, "numpy_train.py",
                       ["-np", "2", "--min-np", "2", "--max-np", "3", "--host-discovery-script", str(disc)],
-                      {"ELASTIC_GROW": f"3:{hosts}:localhost:2\\n127.0.0.1:1", "STEPS": "60", "STEP_SLEEP": "0.1"}, timeout=180)
+                      {"ELASTIC_GROW": f"3:{hosts}:localhost:2\\n127.0.0.1:1", "STEPS": "60", "STEP_SLEEP": "0.1"},
+                      timeout=180)
     assert job.rc == 0, _show(job)
     ranks = job.by_rank()
     assert sorted(ranks) == [0, 1, 2], _show(job)
@@ -180,6 +181,44 @@ def test_grow_two_to_three_through_discovery(tmp_path: Path) -> None:
     grown_at = first[0]
     assert ranks[0]["total"] == grown_at * 2 + (60 - grown_at) * 3
     assert "adding 1 worker(s) on ['127.0.0.1']" in job.out, _show(job)
+
+
+@needs_ulfm
+@pytest.mark.timeout(240)
+def test_elastic_sampler_covers_each_sample_once_across_a_reset(tmp_path: Path) -> None:
+    """144 samples, 3 ranks; rank 1 dies at batch 5 of epoch 0: the committed batches of all ranks (the dead
+    one's included) cover every sample of each epoch exactly once, and no committed sample is served again."""
+    job = run_elastic(tmp_path, "torch_sampler.py", ["-np", "3", "--min-np", "2", "--max-np", "3"],
+                      {"ELASTIC_KILLS": "0:5:1:0", "EPOCHS": "2"}, timeout=180)
+    assert job.rc == 0, _show(job)
+    seen: dict[int, list[int]] = {0: [], 1: []}
+    sizes: dict[int, set[int]] = {0: set(), 1: set()}
+    for path in (tmp_path / "out").glob("log.*.jsonl"):
+        for line in path.read_text().splitlines():
+            epoch, size, ids = json.loads(line)
+            seen[epoch] += ids
+            sizes[epoch].add(size)
+    assert sizes[0] == {3, 2}, "the reset did not happen mid-epoch 0"
+    for epoch in (0, 1):
+        assert sorted(seen[epoch]) == list(range(144)), (epoch, len(seen[epoch]), len(set(seen[epoch])))
+
+
+@needs_ulfm
+@pytest.mark.parametrize("backend", ["tensorflow", "torch"])
+@pytest.mark.timeout(300)
+def test_keras_fit_survives_a_kill(tmp_path: Path, backend: str) -> None:
+    """Keras fit with KerasState and the three callbacks: rank 2 dies mid-epoch, fit goes on with 2."""
+    job = run_elastic(tmp_path, "keras_train.py", ["-np", "3", "--min-np", "2", "--max-np", "3"],
+                      {"ELASTIC_KILLS": "1:5:2:0", "EPOCHS": "3", "KERAS_BACKEND": backend}, timeout=240)
+    assert job.rc == 0, _show(job)
+    ranks = job.by_rank()
+    assert sorted(ranks) == [0, 1], _show(job)
+    for r in ranks.values():
+        assert r["size"] == 2 and r["epoch"] == 3
+        assert r["lr"] == pytest.approx(0.02)
+        assert r["resets"] == [[2, r["rank"]]]
+        assert [e for e, _b, _s in r["batches"]].count(0) == 12  # epoch 0 ran once (initial_epoch resumes)
+    assert ranks[0]["weights"] == ranks[1]["weights"]
 
 
 @needs_ulfm

@@ -219,12 +219,16 @@ def run(func: F) -> F:
             except ElasticError as exc:
                 client.report_fatal(str(exc))
                 raise
-            except HoroInternalError as exc:
-                _log(f"caught {type(exc).__name__}: {exc}")
-                ok = False
             except HostsUpdatedInterrupt as exc:
                 reset, skip_sync = "grow", exc.skip_sync
                 continue
+            except Exception as exc:
+                # Frameworks may wrap our error (a TF op raising inside a graph): what counts is that this
+                # rank saw a peer fail (core.fault recorded it).
+                if not isinstance(exc, HoroInternalError) and rt.failed is None:
+                    raise
+                _log(f"caught {type(exc).__name__}: {str(exc)[:300]}")
+                ok = False
             # Every live rank takes part, so a rank that returned just as a peer died is not left behind.
             if core.size() > 1 and not world.agree(ok):
                 ok = False
