@@ -166,9 +166,9 @@ class ElasticSampler(torch.utils.data.Sampler):
 
     Record what was trained (``record_batch(batch_idx, batch_size)`` or ``record_indices``) before each
     ``state.commit()``; after a reset the remaining samples of the epoch are re-partitioned over the new
-    world, so none that was committed is served again. Like torch's ``DistributedSampler`` it pads each
-    partition to a multiple of the world size (at most ``size - 1`` repeated samples per partition), so every
-    rank runs the same number of steps.
+    world, so none that was committed is served again (a dead worker's committed batches included). Like
+    torch's ``DistributedSampler`` it pads each partition to a multiple of the world size (at most ``size - 1``
+    repeated samples per partition), so every rank runs the same number of steps.
 
     Args:
         dataset: anything with ``len()``.
@@ -186,6 +186,7 @@ class ElasticSampler(torch.utils.data.Sampler):
         self.epoch = 0
         self.processed_indices: set[int] = set()
         self.indices: list[int] = []
+        self._shares: list[list[int]] = []
         self.reset()
 
     def set_epoch(self, epoch: int) -> None:
@@ -195,9 +196,15 @@ class ElasticSampler(torch.utils.data.Sampler):
         self.reset()
 
     def record_batch(self, batch_idx: int, batch_size: int) -> None:
-        """Mark this rank's batch ``batch_idx`` (of ``batch_size`` samples) of the current pass as processed."""
+        """Mark batch ``batch_idx`` (of ``batch_size`` samples) of the current pass as processed, on every rank.
+
+        Ranks step together, so this rank also records the other ranks' batch ``batch_idx`` (their shares are
+        known). Unlike Horovod, where only survivors' own records were merged at a reset, the samples a dead
+        worker had committed are therefore not served again.
+        """
         start = batch_idx * batch_size
-        self.record_indices(self.indices[start:min(start + batch_size, len(self.indices))])
+        for share in self._shares:
+            self.record_indices(share[start:min(start + batch_size, len(share))])
 
     def record_indices(self, indices: Iterable[int]) -> None:
         self.processed_indices.update(int(i) for i in indices)
@@ -227,7 +234,8 @@ class ElasticSampler(torch.utils.data.Sampler):
         idx = list(self.remaining_indices)
         if idx:
             idx += (idx * math.ceil(self.total_size / len(idx)))[: self.total_size - len(idx)]
-        self.indices = idx[self.rank:self.total_size:self.num_replicas]
+        self._shares = [idx[r:self.total_size:self.num_replicas] for r in range(self.num_replicas)]
+        self.indices = self._shares[self.rank]
         return iter(self.indices)
 
     def __len__(self) -> int:
