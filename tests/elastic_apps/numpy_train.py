@@ -32,6 +32,7 @@ def train(state):
     while state.step < STEPS:
         for s, r, k in KILLS:
             if (s, r, k) == (state.step, horo.rank(), elastic.reset_count()):
+                print(f"DYING rank {r} at t={time.time():.3f}", flush=True)
                 os.kill(os.getpid(), signal.SIGKILL)
         if GROW and horo.rank() == 0 and elastic.reset_count() == 0:
             s, path, text = GROW.split(":", 2)

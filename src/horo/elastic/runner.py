@@ -227,7 +227,7 @@ def run(func: F) -> F:
                 # rank saw a peer fail (core.fault recorded it).
                 if not isinstance(exc, HoroInternalError) and rt.failed is None:
                     raise
-                _log(f"caught {type(exc).__name__}: {str(exc)[:300]}")
+                _log(f"rank {core.rank()} caught {type(exc).__name__} at t={time.time():.3f}: {str(exc)[:300]}")
                 ok = False
             # Every live rank takes part, so a rank that returned just as a peer died is not left behind.
             if core.size() > 1 and not world.agree(ok):
