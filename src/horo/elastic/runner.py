@@ -155,6 +155,7 @@ def grow() -> None:
     for h in hosts:
         info = MPI.Info.Create()
         info.Set("host", client.mpi_host(h))
+        info.Set("wdir", os.getcwd())  # the command line may hold paths relative to it
         infos.append(info)
     inter = rt.world.Spawn_multiple([cmd] * len(hosts), [args] * len(hosts), [1] * len(hosts), infos, root=0)
     for info in infos:
