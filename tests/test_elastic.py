@@ -133,6 +133,15 @@ def test_kill_rank0_then_again_two_failures_in_a_row(tmp_path: Path) -> None:
 
 @needs_ulfm
 @pytest.mark.timeout(150)
+def test_world_of_one_runs_through(tmp_path: Path) -> None:
+    job = run_elastic(tmp_path, "numpy_train.py", ["-np", "1", "--min-np", "1", "--max-np", "1"], {"STEPS": "20"})
+    assert job.rc == 0, _show(job)
+    (only,) = job.results
+    assert only["total"] == 20 and only["resets"] == [] and only["size"] == 1
+
+
+@needs_ulfm
+@pytest.mark.timeout(150)
 def test_below_min_np_fails_clearly_within_the_timeout(tmp_path: Path) -> None:
     job = run_elastic(tmp_path, "numpy_train.py",
                       ["-np", "2", "--min-np", "2", "--max-np", "2", "--elastic-timeout", "4"],
