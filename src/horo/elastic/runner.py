@@ -89,12 +89,31 @@ def _exit_without_finalize() -> None:
         core.shutdown()
     except Exception as exc:  # noqa: BLE001 - report, and exit all the same
         sys.stderr.write(f"horo.elastic: error during shutdown at exit: {exc}\n")
+    _unlink_shared_segments()
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()
         except Exception:  # noqa: BLE001, S112 - a closed stream must not stop the exit
             continue
     os._exit(0)
+
+
+def _unlink_shared_segments() -> None:
+    """Remove the Open MPI shared-memory files this process has mapped (finalize would have removed its own).
+
+    Runs after horo's shutdown, which every survivor reaches together, so no live peer attaches to them
+    any more; the segments of SIGKILLed peers, which nobody else would remove, go too.
+    """
+    try:
+        with open("/proc/self/maps") as fh:
+            paths = {line.split(None, 5)[5].strip() for line in fh if "/dev/shm/sm_segment." in line}
+    except (OSError, IndexError):
+        return
+    for path in paths:
+        try:
+            os.unlink(path.removesuffix(" (deleted)"))
+        except OSError:
+            pass
 
 
 def _after_failure() -> None:
