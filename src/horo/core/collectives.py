@@ -18,6 +18,7 @@ from .checks import host, name_arg, need_dim, reduce_args, root_arg, splits_arg
 from .config import config
 from .device import gpu_twin
 from .errors import MismatchError
+from .fault import guard
 from .negotiation import JOIN, Signature, agree, exchange, format_mismatch, joinable
 from .ops import Average, ReduceOp, Sum
 from .process_sets import ProcessSet, resolve
@@ -41,6 +42,7 @@ def grouped_sig(arrs: Sequence[np.ndarray], name: str | None, op: ReduceOp, pre:
             ("op", op), ("prescale_factor", pre), ("postscale_factor", post))
 
 
+@guard
 @gpu_twin
 def allreduce(tensor: Any, average: bool | None = None, name: str | None = None, op: Any = None,
               prescale_factor: float = 1.0, postscale_factor: float = 1.0,
@@ -55,6 +57,7 @@ def allreduce(tensor: Any, average: bool | None = None, name: str | None = None,
     return mpi_ops.allreduce_into(ps.comm, send, mpi_ops.result_buffer(send.shape, send.dtype), rop, pre, post)
 
 
+@guard
 @gpu_twin
 def allreduce_(tensor: np.ndarray, average: bool | None = None, name: str | None = None, op: Any = None,
                prescale_factor: float = 1.0, postscale_factor: float = 1.0,
@@ -137,6 +140,7 @@ def _grouped(tensors: Sequence[Any], what: str, writable: bool) -> list[np.ndarr
     return [(_writable(t, what) if writable else host(t, what, f"tensors[{i}]")) for i, t in enumerate(tensors)]
 
 
+@guard
 @gpu_twin
 def grouped_allreduce(tensors: Sequence[Any], average: bool | None = None, name: str | None = None,
                       op: Any = None, prescale_factor: float = 1.0, postscale_factor: float = 1.0,
@@ -146,6 +150,7 @@ def grouped_allreduce(tensors: Sequence[Any], average: bool | None = None, name:
                            postscale_factor, process_set)
 
 
+@guard
 @gpu_twin
 def grouped_allreduce_(tensors: Sequence[np.ndarray], average: bool | None = None, name: str | None = None,
                        op: Any = None, prescale_factor: float = 1.0, postscale_factor: float = 1.0,
@@ -167,6 +172,7 @@ def _grouped_reduce(what: str, tensors: Sequence[Any], inplace: bool, average: b
     return reduce_group(ps.comm, arrs, rop[0], pre[0], post[0], outs=arrs if inplace else None)
 
 
+@guard
 @gpu_twin
 def allgather(tensor: Any, name: str | None = None, process_set: ProcessSet | None = None) -> np.ndarray:
     """Concatenate every rank's ``tensor`` along dim 0 (dim 0 may differ between ranks)."""
@@ -180,6 +186,7 @@ def allgather(tensor: Any, name: str | None = None, process_set: ProcessSet | No
     return mpi_ops.allgather(ps.comm, np.ascontiguousarray(arr), np.array(counts, dtype=np.int64))
 
 
+@guard
 @gpu_twin
 def grouped_allgather(tensors: Sequence[Any], name: str | None = None,
                       process_set: ProcessSet | None = None) -> list[np.ndarray]:
@@ -192,6 +199,7 @@ def _broadcast_sig(arr: np.ndarray, root: int, name: str | None) -> Signature:
             ("root_rank", root))
 
 
+@guard
 @gpu_twin
 def broadcast(tensor: Any, root_rank: int, name: str | None = None,
               process_set: ProcessSet | None = None) -> np.ndarray:
@@ -205,6 +213,7 @@ def broadcast(tensor: Any, root_rank: int, name: str | None = None,
     return mpi_ops.broadcast_into(ps.comm, out, root)
 
 
+@guard
 @gpu_twin
 def broadcast_(tensor: np.ndarray, root_rank: int, name: str | None = None,
                process_set: ProcessSet | None = None) -> np.ndarray:
@@ -221,6 +230,7 @@ def broadcast_(tensor: np.ndarray, root_rank: int, name: str | None = None,
     return arr
 
 
+@guard
 @gpu_twin
 def alltoall(tensor: Any, splits: Any = None, name: str | None = None,
              process_set: ProcessSet | None = None) -> tuple[np.ndarray, np.ndarray]:
@@ -236,6 +246,7 @@ def alltoall(tensor: Any, splits: Any = None, name: str | None = None,
     return mpi_ops.alltoall(ps.comm, np.ascontiguousarray(arr), s)
 
 
+@guard
 @gpu_twin
 def reducescatter(tensor: Any, op: Any = Average, name: str | None = None,
                   process_set: ProcessSet | None = None, prescale_factor: float = 1.0,
@@ -252,6 +263,7 @@ def reducescatter(tensor: Any, op: Any = Average, name: str | None = None,
     return mpi_ops.reducescatter(ps.comm, np.ascontiguousarray(arr), rop, pre, post)
 
 
+@guard
 @gpu_twin
 def grouped_reducescatter(tensors: Sequence[Any], op: Any = Average, name: str | None = None,
                           process_set: ProcessSet | None = None, prescale_factor: float = 1.0,
@@ -261,12 +273,14 @@ def grouped_reducescatter(tensors: Sequence[Any], op: Any = Average, name: str |
             for i, t in enumerate(_grouped(tensors, "horo.grouped_reducescatter", writable=False))]
 
 
+@guard
 def barrier(process_set: ProcessSet | None = None) -> None:
     """Block until every rank of the set reaches the barrier (the agreement step is the barrier)."""
     ps = resolve(process_set, "horo.barrier")
     agree(ps.comm, (("collective", "barrier"),), ranks=ps.ranks)
 
 
+@guard
 def join() -> int:
     """Leave training early: contribute zeros to the other ranks' allreduces until all ranks have joined.
 
@@ -303,6 +317,7 @@ def _contribute_zeros(comm: Any, fields: dict[str, Any]) -> None:
         reduce_group(comm, arrs, op, pre, post)
 
 
+@guard
 def broadcast_object(obj: Any, root_rank: int = 0, name: str | None = None,
                      process_set: ProcessSet | None = None) -> Any:
     """Return root_rank's picklable ``obj`` on every rank."""
@@ -314,6 +329,7 @@ def broadcast_object(obj: Any, root_rank: int = 0, name: str | None = None,
     return ps.comm.bcast(obj if ps.comm.Get_rank() == root else None, root=root)
 
 
+@guard
 def allgather_object(obj: Any, name: str | None = None, process_set: ProcessSet | None = None) -> list[Any]:
     """Return the list of every rank's picklable ``obj``, in rank order."""
     what = "horo.allgather_object"

@@ -29,6 +29,7 @@ import numpy as np
 from . import mpi_ops
 from .config import config
 from .errors import HoroError, HoroInternalError, MismatchError, StallError
+from .fault import is_process_failure, process_failure
 from .negotiation import JOIN, Signature, format_mismatch, joinable
 from .ops import ReduceOp
 from .timeline import timeline
@@ -142,8 +143,11 @@ class Engine:
             while not self._round():
                 pass
         except BaseException as exc:  # noqa: BLE001 - any failure must reach the waiting callers
-            err = exc if isinstance(exc, HoroError) else HoroInternalError(
-                f"horo's background engine failed: {type(exc).__name__}: {exc}")
+            if is_process_failure(exc):
+                err: BaseException = process_failure(exc, "horo's background engine")
+            else:
+                err = exc if isinstance(exc, HoroError) else HoroInternalError(
+                    f"horo's background engine failed: {type(exc).__name__}: {exc}")
             if isinstance(err, StallError):
                 from .state import state
 

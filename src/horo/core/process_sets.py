@@ -64,13 +64,18 @@ global_process_set.process_set_id = 0
 
 def resolve(process_set: Any, what: str) -> ProcessSet:
     """Validate a ``process_set=`` argument and return the registered set, before any communication."""
-    require_init(what)
+    st = require_init(what)
+    if st.failed is not None:
+        raise st.failed
     ps = global_process_set if process_set is None else process_set
     if not isinstance(ps, ProcessSet):
         raise TypeError(
             f"{what}: process_set must be a horo.ProcessSet. Received: process_set={process_set!r}. "
             "HINT: ps = horo.add_process_set([0, 1]) and pass process_set=ps."
         )
+    if ps.process_set_id is None and getattr(ps, "invalidated", None):
+        raise ValueError(f"{what}: {ps.invalidated} Received: process_set={ps!r}. HINT: register the set again "
+                         "with horo.add_process_set(...) in a reset callback (ranks are renumbered).")
     if ps.process_set_id is None or state.process_sets.get(ps.process_set_id) is not ps:
         raise ValueError(
             f"{what}: the process set is not registered. Received: process_set={ps!r}. "

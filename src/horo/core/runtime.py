@@ -16,7 +16,7 @@ from .state import require_init, state
 
 __all__ = [
     "init", "shutdown", "is_initialized", "size", "rank", "local_size", "local_rank", "cross_size",
-    "cross_rank", "is_homogeneous", "mpi_threads_supported", "mpi_built", "mpi_enabled", "nccl_built",
+    "cross_rank", "is_homogeneous", "drop_runtime", "mpi_threads_supported", "mpi_built", "mpi_enabled", "nccl_built",
     "cuda_built", "gloo_built", "gloo_enabled", "rocm_built", "ddl_built", "ccl_built",
 ]
 
@@ -39,6 +39,10 @@ def init(comm: Any = None, process_sets: Sequence[ProcessSet] | None = None) -> 
 
     if comm is None:
         base = MPI.COMM_WORLD
+        parent = MPI.Comm.Get_parent()
+        if parent != MPI.COMM_NULL:
+            # Spawned by an elastic world that grows (horo.elastic): join it; its ranks come first.
+            base = parent.Merge(high=True)
     elif isinstance(comm, MPI.Comm):
         base = comm
     elif isinstance(comm, (list, tuple)) and all(isinstance(r, int) for r in comm):
@@ -55,6 +59,8 @@ def init(comm: Any = None, process_sets: Sequence[ProcessSet] | None = None) -> 
             f"init(process_sets=...) takes a list of horo.ProcessSet. Received: process_sets={process_sets!r}."
         )
     world = base.Dup()
+    # Errors as exceptions, whatever the caller's handler: a dead peer must surface (see core.fault).
+    world.Set_errhandler(MPI.ERRORS_RETURN)
     from .config import share
 
     share(world)  # before any engine exists: they read the agreed values
@@ -89,6 +95,31 @@ def init(comm: Any = None, process_sets: Sequence[ProcessSet] | None = None) -> 
         _atexit_registered = True
 
 
+#: Communicators of former worlds. Never freed: ``MPI_Comm_free`` on a comm with dead members may wait on them.
+retired: list[Any] = []
+
+
+def drop_runtime(join_timeout: float = 5.0) -> None:
+    """Forget horo's current world without talking to any peer; ``init`` may then run on a new comm."""
+    from .errors import HoroInternalError
+    from .fault import horo_comms
+
+    err = state.failed or HoroInternalError("horo's world was re-formed (elastic reset).")
+    for ps in list(state.process_sets.values()):
+        eng = ps.engine
+        if eng is not None:
+            eng._fail_all(err)  # noqa: SLF001 - callers blocked on its ops must see the failure
+            eng.thread.join(join_timeout)  # it ends once its (revoked) communicator fails
+        if ps is not global_process_set:
+            ps.invalidated = ("this process set belonged to a world that has been re-formed by an elastic reset.")
+            ps.process_set_id = None
+        ps.comm = ps.engine_comm = ps.engine = None
+    retired.extend(horo_comms())
+    global_process_set.ranks = []
+    sys.excepthook = _original_excepthook
+    state.reset()
+
+
 def _abort_on_uncaught(exc_type: type[BaseException], exc: BaseException, tb: Any) -> None:
     # Without this, the other ranks would wait forever in their next collective.
     traceback.print_exception(exc_type, exc, tb)
@@ -98,6 +129,9 @@ def _abort_on_uncaught(exc_type: type[BaseException], exc: BaseException, tb: An
     sys.stdout.flush()
     global _aborting
     _aborting = True
+    hook = sys.modules.get("sitecustomize")  # hororun's rank hook: record the exit code, since under ULFM
+    if hook is not None and hasattr(hook, "_report"):  # mpiexec may exit 0 after an MPI_Abort
+        hook._report(1)  # noqa: SLF001
     # Give the launcher a moment to forward this traceback before MPI_Abort kills the job's output.
     time.sleep(0.5)
     from mpi4py import MPI
@@ -126,9 +160,14 @@ def shutdown() -> None:
     from .negotiation import agree
     from .timeline import timeline
 
-    if state.fatal is None:
+    if state.fatal is None and state.failed is None:
         # A rank still issuing collectives meets this one here and both raise, instead of hanging.
         agree(state.world, (("collective", "shutdown"),), ranks=global_process_set.ranks)
+    if state.failed is not None:
+        # Peers died: freeing communicators could wait on them. Drop everything locally instead.
+        timeline.stop()
+        drop_runtime(join_timeout=1.0)
+        return
     try:
         for ps in sorted(state.process_sets.values(), key=lambda p: -int(p.process_set_id or 0)):
             release(ps)

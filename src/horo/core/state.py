@@ -26,6 +26,8 @@ class State:
         self.process_sets: dict[int, ProcessSet] = {}
         self.next_process_set_id = 1
         self.fatal: BaseException | None = None  # set when the engine hit an unrecoverable error
+        # Set when a peer process died (ULFM): collectives raise it until horo.elastic rebuilds the world.
+        self.failed: BaseException | None = None
 
     def reset(self) -> None:
         self.__init__()  # type: ignore[misc]

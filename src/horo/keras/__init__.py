@@ -35,14 +35,14 @@ __all__ = [
     *_shared,
     "Compression", "allreduce", "allgather", "broadcast", "reducescatter", "broadcast_object",
     "allgather_object", "barrier", "join", "broadcast_variables", "broadcast_global_variables",
-    "DistributedOptimizer", "is_distributed", "load_model", "save_atomic", "callbacks",  # noqa: F405
+    "DistributedOptimizer", "is_distributed", "load_model", "save_atomic", "callbacks", "elastic",  # noqa: F405
 ]
 
 
 def __getattr__(name: str) -> Any:
     # Imported on first use: horo.callbacks itself imports from horo.keras.
-    if name == "callbacks":
+    if name in ("callbacks", "elastic"):
         import importlib
 
-        return importlib.import_module(f"{__name__}.callbacks")
+        return importlib.import_module(f"{__name__}.{name}")
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -111,6 +111,11 @@ def main(argv: list[str] | None = None) -> int:
         genv.update({k: v for k, v in env.items() if k.startswith("HORO_")})
         genv["PYTHONPATH"] = env["PYTHONPATH"]
 
+    if ns.elastic:
+        from horo.run.elastic_launch import run_elastic
+
+        return run_elastic(ns, mpiexec, flavor, env, genv)
+
     with tempfile.TemporaryDirectory(prefix="hororun-") as tmp:
         hostfile = None
         if file_hosts is not None:

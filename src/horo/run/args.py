@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 from typing import NoReturn
 
 __all__ = ["UsageError", "build_parser", "parse_args"]
@@ -60,11 +61,55 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--mpiexec", metavar="PATH",
                         help="mpiexec to use (default: $HORO_MPIEXEC, else the one next to this Python, "
                              "else mpiexec on PATH)")
+    el = parser.add_argument_group("elastic training (Horovod's flags; needs the embedded Open MPI's ULFM)")
+    el.add_argument("--min-np", dest="min_np", type=_positive_int("--min-np"), metavar="MIN",
+                    help="fewest workers to go on with; below it for --elastic-timeout, the job fails")
+    el.add_argument("--max-np", dest="max_np", type=_positive_int("--max-np"), metavar="MAX",
+                    help="most workers; new hosts beyond it stay unused")
+    el.add_argument("--host-discovery-script", dest="discovery", metavar="SCRIPT",
+                    help="executable printing 'host:slots' lines; polled about once a second")
+    el.add_argument("--slots-per-host", dest="slots_per_host", type=_positive_int("--slots-per-host"),
+                    metavar="K", help="slots for discovered hosts printed without ':slots' (default 1)")
+    el.add_argument("--elastic-timeout", dest="elastic_timeout", type=float, default=600.0, metavar="SEC",
+                    help="seconds to wait for --min-np slots (at start and after failures; default 600)")
+    el.add_argument("--reset-limit", dest="reset_limit", type=int, metavar="R",
+                    help="fail the job after more than R resets (default: no limit)")
+    el.add_argument("--blacklist-cooldown-range", dest="cooldown", type=float, nargs=2, metavar=("LO", "HI"),
+                    help="a failed host returns after a random LO..HI seconds (default: never)")
     parser.add_argument("--check-build", action="store_true",
                         help="print the frameworks and backends horo can use, then exit")
     parser.add_argument("command", nargs=argparse.REMAINDER,
                         help="the program each rank runs, with its arguments")
     return parser
+
+
+def _check_elastic(ns: argparse.Namespace) -> None:
+    """Cross-check the elastic flags (Horovod's rules: -np defaults to --min-np, MIN <= np <= MAX)."""
+    if ns.hostfile:
+        raise UsageError(f"elastic mode takes -H or --host-discovery-script, not --hostfile. Received: "
+                         f"--hostfile={ns.hostfile!r}. HINT: print the hosts from a discovery script.")
+    if ns.discovery and ns.hosts:
+        raise UsageError(f"give either -H or --host-discovery-script. Received: -H={ns.hosts!r}, "
+                         f"--host-discovery-script={ns.discovery!r}.")
+    if ns.np is None:
+        ns.np = ns.min_np or ns.max_np
+    if ns.min_np is None:
+        ns.min_np = ns.np
+    if ns.max_np is None:
+        ns.max_np = max(ns.np, ns.min_np) if ns.np else ns.min_np
+    if not ns.min_np <= (ns.np or ns.min_np) <= ns.max_np:
+        raise UsageError(f"elastic mode needs --min-np <= -np <= --max-np. Received: --min-np={ns.min_np}, "
+                         f"-np={ns.np}, --max-np={ns.max_np}. HINT: hororun -np 3 --min-np 2 --max-np 4 ...")
+    if ns.elastic_timeout <= 0:
+        raise UsageError(f"--elastic-timeout must be positive. Received: --elastic-timeout={ns.elastic_timeout}.")
+    if ns.reset_limit is not None and ns.reset_limit < 0:
+        raise UsageError(f"--reset-limit must be >= 0. Received: --reset-limit={ns.reset_limit}.")
+    if ns.cooldown is not None and not 0 <= ns.cooldown[0] <= ns.cooldown[1]:
+        raise UsageError(f"--blacklist-cooldown-range needs 0 <= LO <= HI. Received: "
+                         f"--blacklist-cooldown-range={ns.cooldown[0]:g} {ns.cooldown[1]:g}.")
+    if ns.discovery and not os.access(ns.discovery, os.X_OK):
+        raise UsageError(f"the host discovery script is not an executable file. Received: "
+                         f"--host-discovery-script={ns.discovery!r}. HINT: chmod +x it.")
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -89,6 +134,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         ns.command = ns.command[1:]  # "hororun -np 2 -- cmd" separates a command that starts with "-"
     if ns.check_build:
         return ns
+    ns.elastic = any(v is not None for v in (ns.min_np, ns.max_np, ns.discovery))
+    if ns.elastic:
+        _check_elastic(ns)
     if ns.np is None:
         raise UsageError(f"the number of processes is required. Received: -np=None. HINT: {_EXAMPLE}")
     if not ns.command:

@@ -27,6 +27,7 @@ from ..plugins.tensorflow import (
     grouped_allreduce,
     reducescatter,
 )
+from . import elastic
 from .data import shard_dataset, steps_per_epoch
 from .gradient_tape import DistributedGradientTape
 
@@ -34,5 +35,5 @@ __all__ = [
     *_shared,
     "Compression", "allreduce", "grouped_allreduce", "allgather", "broadcast", "alltoall", "reducescatter",
     "broadcast_object", "allgather_object", "barrier", "join", "broadcast_variables",
-    "DistributedGradientTape", "shard_dataset", "steps_per_epoch",
+    "DistributedGradientTape", "shard_dataset", "steps_per_epoch", "elastic",
 ]

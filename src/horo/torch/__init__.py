@@ -15,6 +15,7 @@ except ImportError as _exc:  # pragma: no cover - depends on the installed extra
 # Runtime queries, ops, errors, process sets: shared by every facade.
 from .._facade import *  # noqa: F403
 from .._facade import __all__ as _shared
+from . import elastic
 from .compression import Compression
 from .exchange import GradientExchange
 from .functions import (
@@ -51,7 +52,7 @@ from .state import allgather_object, broadcast_object, broadcast_optimizer_state
 
 __all__ = [
     *_shared,
-    "Compression", "DistributedOptimizer", "DistributedSampler", "GradientExchange", "allgather",
+    "Compression", "DistributedOptimizer", "elastic", "DistributedSampler", "GradientExchange", "allgather",
     "allgather_async", "allgather_object", "allreduce", "allreduce_", "allreduce_async", "allreduce_async_",
     "alltoall", "alltoall_async", "barrier", "broadcast", "broadcast_", "broadcast_async",
     "broadcast_async_", "broadcast_object", "broadcast_optimizer_state", "broadcast_parameters",

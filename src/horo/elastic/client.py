@@ -1,0 +1,136 @@
+"""The workers' side of hororun's elastic driver (rank 0 talks to it; the others learn by broadcast).
+
+The driver listens on loopback (``HORO_ELASTIC_DRIVER=host:port``) and answers only messages signed with
+the job's secret (``HORO_ELASTIC_SECRET``); see ``horo.run.elastic_driver`` for the protocol.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+import time
+from typing import Any
+
+from .. import core
+from ..run.elastic_proto import local_aliases, recv_msg, send_msg
+
+__all__ = ["enabled", "start", "growth_available", "free_slots", "claim_slots", "hosts_left", "report_world",
+           "report_fatal", "mpi_host", "set_new_hosts", "my_host"]
+
+_lock = threading.Lock()
+_poll: dict[str, Any] = {"free": 0, "hosts": [], "thread": None}
+_me: dict[str, str | None] = {"host": None}
+_new_hosts: list[str] = []
+
+
+def enabled() -> bool:
+    return bool(os.environ.get("HORO_ELASTIC_DRIVER"))
+
+
+def _request(msg: dict[str, Any], timeout: float = 10.0) -> dict[str, Any]:
+    host, port = os.environ["HORO_ELASTIC_DRIVER"].rsplit(":", 1)
+    key = bytes.fromhex(os.environ["HORO_ELASTIC_SECRET"])
+    with socket.create_connection((host, int(port)), timeout=timeout) as sock:
+        send_msg(sock, key, msg)
+        return recv_msg(sock, key)
+
+
+def my_host() -> str:
+    """This worker's logical host, as the driver named it."""
+    if _me["host"] is None:
+        hosts = os.environ.get("HORO_ELASTIC_ASSIGN", "").split(",")
+        from mpi4py import MPI
+
+        r = MPI.COMM_WORLD.Get_rank()
+        _me["host"] = hosts[r] if MPI.Comm.Get_parent() == MPI.COMM_NULL and r < len(hosts) else "?"
+    return _me["host"]  # type: ignore[return-value]
+
+
+def set_new_hosts(hosts: list[str]) -> None:
+    """Rank 0, after a growth: the logical hosts of the new workers, in rank order (see ``report_world``)."""
+    _new_hosts[:] = hosts
+
+
+def _poller() -> None:
+    while True:
+        try:
+            reply = _request({"op": "poll"}, timeout=5.0)
+            with _lock:
+                _poll["free"] = int(reply.get("free", 0))
+                _poll["hosts"] = list(reply.get("hosts", []))
+                _poll["max_np"] = int(reply.get("max_np", 0))
+        except (OSError, ValueError):
+            pass  # the driver is gone (job ending) or busy: keep the last answer
+        time.sleep(1.0)
+
+
+def start() -> None:
+    """Start polling the driver (about once a second) on this process, once; a new rank 0 starts it too."""
+    if not enabled() or _poll["thread"] is not None:
+        return
+    # Every rank polls (one small loopback request a second): whichever becomes rank 0 has fresh news.
+    t = threading.Thread(target=_poller, name="horo-elastic-poll", daemon=True)
+    t.start()
+    _poll["thread"] = t
+
+
+def free_slots() -> int:
+    with _lock:
+        return int(_poll["free"])
+
+
+def growth_available(size: int) -> bool:
+    """Whether rank 0 should grow the world now (free slots and room under --max-np)."""
+    with _lock:
+        free, max_np = int(_poll["free"]), int(_poll.get("max_np", 0) or 0)
+    return free > 0 and (max_np == 0 or size < max_np)
+
+
+def hosts_left() -> str:
+    with _lock:
+        return ", ".join(_poll["hosts"]) or "none"
+
+
+def claim_slots(size: int) -> list[str]:
+    """Rank 0: reserve free slots for new workers; returns their logical hosts (maybe empty)."""
+    try:
+        reply = _request({"op": "claim", "size": size})
+    except (OSError, ValueError):
+        return []
+    with _lock:
+        _poll["free"] = 0  # until the next poll: do not grow twice for the same slots
+    return list(reply.get("hosts", []))
+
+
+def report_world() -> None:
+    """Tell the driver who is in the world now (it deduces which workers died, and blacklists their hosts)."""
+    if not enabled():
+        return
+    members = core.allgather_object([my_host(), socket.gethostname(), os.getpid()], name="horo.elastic.members")
+    if core.rank() == 0:
+        # Spawned workers do not know their logical host yet: rank 0 claimed them, in this order.
+        fill = iter(list(_new_hosts))
+        for m in members:
+            if m[0] == "?":
+                m[0] = next(fill, "?")
+        _new_hosts.clear()
+        try:
+            _request({"op": "world", "members": members})
+        except (OSError, ValueError):
+            pass
+    members = core.broadcast_object(members, 0, name="horo.elastic.members.table")
+    _me["host"] = members[core.rank()][0]
+
+
+def report_fatal(message: str) -> None:
+    if enabled():
+        try:
+            _request({"op": "fatal", "message": message})
+        except (OSError, ValueError):
+            pass
+
+
+def mpi_host(logical: str) -> str:
+    """The MPI host a logical host runs on: its own name, or this machine's for a local alias."""
+    return socket.gethostname() if logical in local_aliases() else logical

@@ -1,0 +1,260 @@
+"""``horo.elastic.run``: call the training function again on a re-formed world after a failure or growth.
+
+The reset sequence (see docs/design-elastic.md):
+
+1. a peer dies: every survivor's pending collective raises ``HoroInternalError`` (core.fault revokes
+   horo's communicators, so none waits on the dead one);
+2. each survivor restores its last commit and joins a fault-tolerant agreement (``Agree``), which also
+   catches ranks that had returned from the function when the failure hit;
+3. ``Shrink`` gives the world of the survivors; horo is re-initialised on it (ranks renumbered in order);
+4. the reset callbacks run, then ``state.sync()`` broadcasts rank 0's committed state, and the function is
+   called again.
+
+Growth: ``commit()`` raises ``HostsUpdatedInterrupt`` on every rank when hororun's driver has free slots;
+the ranks ``Spawn`` the new workers together and ``Merge`` with them; the new workers receive the state
+through the same ``sync()`` before their first step.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import sys
+import time
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import numpy as np
+
+from .. import core
+from ..core.errors import HoroInternalError
+from ..core.state import state as rt
+from . import world
+from .errors import ElasticError, HostsUpdatedInterrupt
+
+__all__ = ["run", "host_update_pending", "reset_count"]
+
+F = TypeVar("F", bound=Callable[..., Any])
+_resets = {"count": 0, "failures": 0, "atexit": 0}
+
+
+def reset_count() -> int:
+    """How many resets this process has gone through."""
+    return _resets["count"]
+
+
+def _env_int(name: str, default: int | None) -> int | None:
+    raw = os.environ.get(name)
+    return int(raw) if raw not in (None, "") else default
+
+
+def _log(msg: str) -> None:
+    if os.environ.get("HORO_ELASTIC_VERBOSE", "1") != "0":
+        sys.stderr.write(f"horo.elastic: {msg}\n")
+        sys.stderr.flush()
+
+
+def host_update_pending() -> bool:
+    """True on every rank when rank 0's driver client reports free slots for new workers (collective)."""
+    from . import client
+
+    if not client.enabled():
+        return False
+    flag = np.zeros(1, dtype=np.int64)
+    if core.rank() == 0:
+        flag[0] = int(client.growth_available(core.size()))
+    return bool(core.broadcast(flag, 0, name="horo.elastic.host_updates")[0])
+
+
+def _check_reset_limit() -> None:
+    _resets["count"] += 1
+    limit = _env_int("HORO_ELASTIC_RESET_LIMIT", None)
+    if limit is not None and _resets["count"] > limit:
+        raise ElasticError(
+            f"horo.elastic: the job was reset {_resets['count']} times, more than --reset-limit allows. Received: "
+            f"reset_limit={limit}. HINT: raise --reset-limit, or find why workers keep failing (hororun names "
+            "the failed hosts)."
+        )
+
+
+def _exit_without_finalize() -> None:
+    """At a normal exit after a peer died: leave without ``MPI_Finalize``.
+
+    Open MPI's finalize waits in a job-wide PMIx fence, which (measured here) can wait forever for processes
+    that were SIGKILLed earlier. horo's own shutdown still runs first, with the surviving ranks.
+    """
+    if not _resets["failures"]:
+        return
+    try:
+        core.shutdown()
+    except Exception as exc:  # noqa: BLE001 - report, and exit all the same
+        sys.stderr.write(f"horo.elastic: error during shutdown at exit: {exc}\n")
+    _unlink_shared_segments()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:  # noqa: BLE001, S112 - a closed stream must not stop the exit
+            continue
+    os._exit(0)
+
+
+def _unlink_shared_segments() -> None:
+    """Remove the Open MPI shared-memory files this process has mapped (finalize would have removed its own).
+
+    Runs after horo's shutdown, which every survivor reaches together, so no live peer attaches to them
+    any more; the segments of SIGKILLed peers, which nobody else would remove, go too.
+    """
+    try:
+        with open("/proc/self/maps") as fh:
+            paths = {line.split(None, 5)[5].strip() for line in fh if "/dev/shm/sm_segment." in line}
+    except (OSError, IndexError):
+        return
+    for path in paths:
+        try:
+            os.unlink(path.removesuffix(" (deleted)"))
+        except OSError:
+            pass
+
+
+def _after_failure() -> None:
+    _resets["failures"] += 1
+    t0 = time.perf_counter()
+    old = core.size() if rt.world is not None else -1
+    world.shrink()
+    world.timings["recover_s"] = time.perf_counter() - t0
+    _log(f"rank {core.rank()}: a worker failed; world re-formed from {old} to {core.size()} processes in "
+         f"{world.timings['recover_s'] * 1e3:.0f} ms (shrink {world.timings.get('shrink_s', 0) * 1e3:.0f} ms)")
+    from . import client
+
+    client.report_world()
+    min_np = _env_int("HORO_ELASTIC_MIN_NP", 1) or 1
+    if core.size() < min_np:
+        _wait_for_min(min_np)
+
+
+def _wait_for_min(min_np: int) -> None:
+    """Grow back to ``min_np`` within ``--elastic-timeout``, or fail naming the hosts that are left."""
+    from . import client
+
+    timeout = float(os.environ.get("HORO_ELASTIC_TIMEOUT", "600"))
+    deadline = time.monotonic() + timeout
+    while True:
+        flag = np.zeros(1, dtype=np.int64)
+        if core.rank() == 0 and client.enabled():
+            flag[0] = int(client.free_slots() >= min_np - core.size())
+        if core.broadcast(flag, 0, name="horo.elastic.min_np")[0]:
+            grow()
+            if core.size() >= min_np:
+                return
+        if time.monotonic() >= deadline or not client.enabled():
+            hosts = client.hosts_left() if client.enabled() else "unknown (no hororun elastic driver)"
+            msg = (f"horo.elastic: only {core.size()} workers are left, fewer than --min-np={min_np}, for "
+                   f"{timeout:g} s (--elastic-timeout). Hosts left: {hosts}. HINT: add hosts to the discovery "
+                   "script, or lower --min-np.")
+            if core.rank() == 0:
+                client.report_fatal(msg)
+            raise ElasticError(msg)
+        time.sleep(1.0)
+
+
+def grow() -> None:
+    """Collective over the current world: spawn workers on the driver's free slots and merge with them."""
+    from mpi4py import MPI
+
+    from . import client
+
+    t0 = time.perf_counter()
+    hosts: list[str] = client.claim_slots(core.size()) if core.rank() == 0 else []
+    hosts = core.broadcast_object(hosts, 0, name="horo.elastic.grow")
+    if not hosts:
+        return
+    old = core.size()
+    cmd, args = sys.executable, list(sys.orig_argv[1:])
+    infos = []
+    for h in hosts:
+        info = MPI.Info.Create()
+        info.Set("host", client.mpi_host(h))
+        info.Set("wdir", os.getcwd())  # the command line may hold paths relative to it
+        infos.append(info)
+    inter = rt.world.Spawn_multiple([cmd] * len(hosts), [args] * len(hosts), [1] * len(hosts), infos, root=0)
+    for info in infos:
+        info.Free()
+    merged = inter.Merge(high=False)
+    core.shutdown()
+    core.init(comm=merged)
+    client.set_new_hosts(hosts)
+    world.timings["grow_s"] = time.perf_counter() - t0
+    _log(f"rank {core.rank()}: world grew from {old} to {core.size()} processes in "
+         f"{world.timings['grow_s'] * 1e3:.0f} ms (new workers on {hosts})")
+    client.report_world()
+
+
+def run(func: F) -> F:
+    """Decorate ``func(state, ...)``: on a failure or new hosts, reset the world and call it again.
+
+    Raises:
+        HoroError: before anything runs, when the MPI cannot survive a failure (no ULFM).
+        ElasticError: more resets than ``--reset-limit``, or fewer than ``--min-np`` workers for too long.
+    """
+    if not callable(func):
+        raise TypeError(f"horo.elastic.run decorates a function. Received: func={func!r}. HINT: @hvd.elastic.run")
+
+    @functools.wraps(func)
+    def wrapper(state: Any, *args: Any, **kwargs: Any) -> Any:
+        from .state import State
+
+        if not isinstance(state, State):
+            raise TypeError(f"{func.__name__}: the first argument of an @elastic.run function must be a "
+                            f"horo.elastic.State. Received: state of type {type(state).__name__}. HINT: "
+                            "train(hvd.elastic.TorchState(model, optimizer, epoch=0)).")
+        if core.size() > 1:
+            world.require_ft("horo.elastic.run")
+        from . import client
+
+        if not _resets["atexit"]:
+            import atexit
+
+            atexit.register(_exit_without_finalize)  # after mpi4py's: runs before MPI_Finalize
+            _resets["atexit"] = 1
+        client.start()
+        client.report_world()  # collective: spawned workers meet the others here, before the first sync
+        reset: str | None = None
+        skip_sync = False
+        while True:
+            ok = True
+            result = None
+            try:
+                if reset is not None:
+                    _check_reset_limit()
+                    if reset == "failure":
+                        _after_failure()
+                    else:
+                        grow()
+                    reset = None
+                    state.on_reset()
+                if not skip_sync:
+                    state.sync()
+                skip_sync = False
+                result = func(state, *args, **kwargs)
+            except ElasticError as exc:
+                client.report_fatal(str(exc))
+                raise
+            except HostsUpdatedInterrupt as exc:
+                reset, skip_sync = "grow", exc.skip_sync
+                continue
+            except Exception as exc:
+                # Frameworks may wrap our error (a TF op raising inside a graph): what counts is that this
+                # rank saw a peer fail (core.fault recorded it).
+                if not isinstance(exc, HoroInternalError) and rt.failed is None:
+                    raise
+                _log(f"rank {core.rank()} caught {type(exc).__name__} at t={time.time():.3f}: {str(exc)[:300]}")
+                ok = False
+            # Every live rank takes part, so a rank that returned just as a peer died is not left behind.
+            if core.size() > 1 and not world.agree(ok):
+                ok = False
+            if ok:
+                return result
+            state.restore()
+            reset = "failure"
+
+    return wrapper  # type: ignore[return-value]

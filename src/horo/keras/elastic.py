@@ -1,0 +1,142 @@
+"""Elastic training for Keras 3 (every backend): ``KerasState`` and the three callbacks (Horovod's API).
+
+Written once on Keras' own API (``get_weights``/``set_weights``, ``optimizer.variables``), so the same code
+serves the TensorFlow and the torch backend. Also re-exports the framework-free part (``run``, ``State``,
+``ObjectState``, ``HostsUpdatedInterrupt``, ``HoroInternalError``/``HorovodInternalError``).
+
+Within ``fit`` a reset restarts the epoch it interrupted from its first batch, on the weights of the last
+commit (Keras cannot start an epoch mid-way); pass ``initial_epoch=state.epoch`` so finished epochs are not
+run again.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import keras
+import numpy as np
+
+from .. import core
+from ..elastic import (
+    ElasticError,
+    HoroInternalError,
+    HorovodInternalError,
+    HostsUpdatedInterrupt,
+    ObjectState,
+    State,
+    reset_count,
+    run,
+)
+from .collectives import broadcast_variables
+
+__all__ = ["KerasState", "TensorFlowKerasState", "CommitStateCallback", "UpdateBatchStateCallback",
+           "UpdateEpochStateCallback", "run", "State", "ObjectState", "HostsUpdatedInterrupt", "HoroInternalError",
+           "HorovodInternalError", "ElasticError", "reset_count"]
+
+
+def _optimizer_variables(model: Any, optimizer: Any) -> list[Any]:
+    if optimizer is None:
+        return []
+    if not optimizer.built:  # a new worker has not built its slots yet: the broadcast needs them
+        optimizer.build(model.trainable_variables)
+    return list(optimizer.variables)
+
+
+class KerasState(ObjectState):
+    """A Keras model (and its optimizer) plus any picklable values (``epoch=0, batch=0``).
+
+    Args:
+        model: a built ``keras.Model``.
+        optimizer: defaults to ``model.optimizer``.
+        **kwargs: more values to save, restore and sync.
+    """
+
+    def __init__(self, model: Any, optimizer: Any = None, **kwargs: Any) -> None:
+        if not isinstance(model, keras.Model):
+            raise TypeError(f"KerasState: model must be a keras.Model. Received: model of type "
+                            f"{type(model).__name__}. HINT: KerasState(model, epoch=0, batch=0).")
+        self.model = model
+        self.optimizer = optimizer if optimizer is not None else getattr(model, "optimizer", None)
+        self._saved_model: list[np.ndarray] = []
+        self._saved_opt: list[np.ndarray] = []
+        super().__init__(bcast_object=core.broadcast_object, get_rank=core.rank, **kwargs)
+        self._save_model()
+
+    def _save_model(self) -> None:
+        self._saved_model = [np.array(w, copy=True) for w in self.model.get_weights()]
+        opt = self.optimizer
+        self._saved_opt = ([np.array(keras.ops.convert_to_numpy(v), copy=True) for v in opt.variables]
+                           if opt is not None and opt.built else [])
+
+    def save(self) -> None:
+        self._save_model()
+        super().save()
+
+    def restore(self) -> None:
+        self.model.set_weights(self._saved_model)
+        opt = self.optimizer
+        if opt is not None and opt.built and len(self._saved_opt) == len(opt.variables):
+            for var, value in zip(opt.variables, self._saved_opt):
+                var.assign(value)
+        super().restore()
+
+    def sync(self) -> None:
+        variables = list(self.model.variables) + _optimizer_variables(self.model, self.optimizer)
+        broadcast_variables(variables, 0, name="horo.elastic.KerasState")
+        super().sync()
+        self._save_model()
+
+
+#: Horovod's name for the same state (``horovod.tensorflow.keras.elastic.TensorFlowKerasState``).
+TensorFlowKerasState = KerasState
+
+
+class CommitStateCallback(keras.callbacks.Callback):
+    """``state.commit()`` every ``batches_per_commit`` batches (and at the end of every epoch).
+
+    Place it after ``UpdateBatchStateCallback`` and ``UpdateEpochStateCallback`` in the list.
+    """
+
+    def __init__(self, state: State, batches_per_commit: int = 1) -> None:
+        super().__init__()
+        if isinstance(batches_per_commit, bool) or not isinstance(batches_per_commit, int) or batches_per_commit < 1:
+            raise ValueError(f"CommitStateCallback: batches_per_commit must be a positive int. Received: "
+                             f"batches_per_commit={batches_per_commit!r}.")
+        self.state = state
+        self.batches_per_commit = batches_per_commit
+        self.batches_remaining = batches_per_commit
+
+    def on_train_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
+        self.batches_remaining -= 1
+        if self.batches_remaining == 0:
+            self.state.commit()
+            self.batches_remaining = self.batches_per_commit
+
+    def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
+        self.state.commit()
+        self.batches_remaining = self.batches_per_commit
+
+
+class UpdateBatchStateCallback(keras.callbacks.Callback):
+    """Keep ``state.batch`` at the number of batches done in the current epoch (0 at its end)."""
+
+    def __init__(self, state: State) -> None:
+        super().__init__()
+        self.state = state
+
+    def on_train_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
+        self.state.batch = batch + 1
+
+    def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
+        self.state.batch = 0
+
+
+class UpdateEpochStateCallback(keras.callbacks.Callback):
+    """Keep ``state.epoch`` at the number of finished epochs: resume with ``fit(initial_epoch=state.epoch)``."""
+
+    def __init__(self, state: State) -> None:
+        super().__init__()
+        self.state = state
+
+    def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
+        self.state.epoch = epoch + 1

@@ -1,0 +1,268 @@
+"""hororun's elastic driver: the host table, host discovery, failure records and the workers' loopback server.
+
+Workers never ask MPI which hosts exist: the driver keeps its own table of *logical* hosts, named as the
+discovery script (or ``-H``) names them, so ``localhost``, ``127.0.0.1`` and this machine's name are three
+hosts, as in Horovod. Rank 0 of the job asks it (about once a second, over a socket that only accepts
+messages signed with the job's secret) whether there are free slots; after every reset it reports who is
+left, from which the driver learns which workers died and excludes their hosts for a cool-down.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import secrets
+import socket
+import socketserver
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from horo.run.elastic_proto import local_aliases, recv_msg, send_msg
+
+__all__ = ["HostTable", "ElasticDriver", "parse_discovery_output", "run_discovery_script", "DiscoveryError"]
+
+
+class DiscoveryError(ValueError):
+    """The host discovery script failed or printed something that is not ``host:slots`` lines."""
+
+
+def parse_discovery_output(text: str, slots_per_host: int | None, source: str) -> dict[str, int]:
+    """``host[:slots]`` per line -> {host: slots}; a line without slots gets ``--slots-per-host`` (default 1)."""
+    hosts: dict[str, int] = {}
+    for n, raw in enumerate(text.splitlines(), 1):
+        line = raw.split("#", 1)[0].strip()
+        if not line:
+            continue
+        name, _, slots_text = line.partition(":")
+        try:
+            slots = int(slots_text) if slots_text else (slots_per_host or 1)
+        except ValueError:
+            slots = -1
+        if not name or slots < 0:
+            raise DiscoveryError(f"{source} line {n} is not 'host:slots'. Received: {raw!r}. HINT: print lines "
+                                 "like 'localhost:2'.")
+        hosts[name] = slots
+    return hosts
+
+
+def run_discovery_script(script: str, slots_per_host: int | None, timeout: float = 10.0) -> dict[str, int]:
+    try:
+        out = subprocess.run([script], capture_output=True, text=True, timeout=timeout, check=False)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise DiscoveryError(f"cannot run the host discovery script: {exc}. Received: "
+                             f"--host-discovery-script={script!r}. HINT: give an executable file.") from None
+    if out.returncode != 0:
+        raise DiscoveryError(f"the host discovery script exited with {out.returncode}: {out.stderr.strip()[:200]}. "
+                             f"Received: --host-discovery-script={script!r}.")
+    return parse_discovery_output(out.stdout, slots_per_host, f"--host-discovery-script {script!r}")
+
+
+@dataclass
+class HostTable:
+    """Discovered hosts, workers in use per host, and excluded hosts (thread-safe through ``lock``)."""
+
+    cooldown: tuple[float, float] | None = None  # None: a failed host stays excluded (Horovod's default)
+    hosts: dict[str, int] = field(default_factory=dict)
+    in_use: dict[str, int] = field(default_factory=dict)
+    excluded: dict[str, float] = field(default_factory=dict)  # host -> monotonic time it may return
+    lock: threading.RLock = field(default_factory=threading.RLock)
+
+    def update(self, hosts: dict[str, int]) -> None:
+        with self.lock:
+            self.hosts = dict(hosts)
+
+    def usable(self) -> dict[str, int]:
+        now = time.monotonic()
+        with self.lock:
+            for h, until in list(self.excluded.items()):
+                if until <= now:
+                    del self.excluded[h]
+            return {h: s for h, s in self.hosts.items() if h not in self.excluded}
+
+    def free_slots(self) -> list[str]:
+        """One entry per free slot, as its host (discovery order)."""
+        with self.lock:
+            out: list[str] = []
+            for h, s in self.usable().items():
+                out += [h] * max(0, s - self.in_use.get(h, 0))
+            return out
+
+    def claim(self, n: int) -> list[str]:
+        with self.lock:
+            got = self.free_slots()[:max(0, n)]
+            for h in got:
+                self.in_use[h] = self.in_use.get(h, 0) + 1
+            return got
+
+    def exclude(self, host: str) -> float | None:
+        """Exclude ``host`` after a failure; returns the cool-down in seconds (None: for good)."""
+        with self.lock:
+            if self.cooldown is None:
+                self.excluded[host] = float("inf")
+                return None
+            lo, hi = self.cooldown
+            wait = random.uniform(lo, hi)
+            self.excluded[host] = time.monotonic() + wait
+            return wait
+
+
+class _Handler(socketserver.BaseRequestHandler):
+    server: _Server
+
+    def handle(self) -> None:
+        drv = self.server.driver
+        self.request.settimeout(10.0)
+        try:
+            msg = recv_msg(self.request, drv.key)
+        except (OSError, ValueError):
+            return  # unsigned or broken: no answer at all
+        send_msg(self.request, drv.key, drv.handle(msg))
+
+
+class _Server(socketserver.ThreadingTCPServer):
+    daemon_threads = True
+    allow_reuse_address = True
+    driver: ElasticDriver
+
+
+class ElasticDriver:
+    """State shared between hororun's main thread, the discovery poller and the workers' requests.
+
+    Args:
+        discover: returns {host: slots} (the discovery script, or the fixed ``-H`` list).
+        min_np, max_np: Horovod's ``--min-np`` / ``--max-np``.
+        cooldown: ``--blacklist-cooldown-range`` (None: failed hosts stay excluded).
+        bind: the address to listen on (loopback unless workers run on other hosts).
+        log: where messages go.
+    """
+
+    def __init__(self, discover: Callable[[], dict[str, int]], min_np: int, max_np: int,
+                 cooldown: tuple[float, float] | None = None, bind: str = "127.0.0.1",
+                 log: Callable[[str], None] | None = None) -> None:
+        self.discover = discover
+        self.min_np, self.max_np = min_np, max_np
+        self.table = HostTable(cooldown=cooldown)
+        self.key = secrets.token_bytes(32)
+        self.log = log or (lambda m: print(f"hororun: elastic: {m}", file=sys.stderr, flush=True))
+        self.members: dict[int, str] = {}  # pid -> logical host, as last reported
+        self.failures: list[tuple[float, str, int]] = []
+        self.fatal: str | None = None
+        self.discovery_error: str | None = None
+        self._stop = threading.Event()
+        self.server = _Server((bind, 0), _Handler)
+        self.server.driver = self
+        self._threads: list[threading.Thread] = []
+
+    @property
+    def address(self) -> str:
+        host, port = self.server.server_address[:2]
+        return f"{host}:{port}"
+
+    def env(self, assignment: list[str]) -> dict[str, str]:
+        """What every worker needs to reach the driver."""
+        return {"HORO_ELASTIC_DRIVER": self.address, "HORO_ELASTIC_SECRET": self.key.hex(),
+                "HORO_ELASTIC_ASSIGN": ",".join(assignment), "HORO_ELASTIC_MIN_NP": str(self.min_np),
+                "HORO_ELASTIC_MAX_NP": str(self.max_np)}
+
+    def refresh(self) -> None:
+        try:
+            self.table.update(self.discover())
+            self.discovery_error = None
+        except ValueError as exc:
+            if str(exc) != self.discovery_error:
+                self.log(str(exc))
+            self.discovery_error = str(exc)
+
+    def start(self) -> None:
+        for target in (self.server.serve_forever, self._poll):
+            t = threading.Thread(target=target, daemon=True, name=f"hororun-elastic-{target.__name__}")
+            t.start()
+            self._threads.append(t)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self.server.shutdown()
+        self.server.server_close()
+
+    def _poll(self) -> None:
+        while not self._stop.wait(1.0):
+            self.refresh()
+
+    def initial_assignment(self, np_: int, timeout: float) -> list[str]:
+        """Wait up to ``timeout`` for ``min_np`` slots; claim ``np`` (bounded by max and what exists)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            self.refresh()
+            free = self.table.free_slots()
+            if len(free) >= self.min_np:
+                return self.table.claim(min(max(np_, self.min_np), self.max_np, len(free)))
+            if time.monotonic() >= deadline:
+                raise TimeoutError(
+                    f"only {len(free)} slots were discovered, fewer than --min-np={self.min_np}, for {timeout:g} s "
+                    f"(--elastic-timeout). Hosts: {self.table.usable() or 'none'}.")
+            time.sleep(1.0)
+
+    # ---- requests from workers -------------------------------------------------------------------
+    def handle(self, msg: dict[str, Any]) -> dict[str, Any]:
+        op = msg.get("op")
+        if op == "poll":
+            usable = self.table.usable()
+            return {"free": len(self.table.free_slots()), "max_np": self.max_np,
+                    "hosts": [f"{h}:{s}" for h, s in usable.items()]}
+        if op == "claim":
+            room = self.max_np - int(msg.get("size", 0))
+            hosts = self.table.claim(room)
+            if hosts:
+                self.log(f"adding {len(hosts)} worker(s) on {hosts}")
+            return {"hosts": hosts}
+        if op == "world":
+            self._world(msg.get("members", []))
+            return {"ok": True}
+        if op == "fatal":
+            self.fatal = str(msg.get("message", "fatal error"))
+            return {"ok": True}
+        return {"error": f"unknown op {op!r}"}
+
+    def _world(self, members: list[list[Any]]) -> None:
+        now = {int(pid): str(host) for host, _real, pid in members}
+        with self.table.lock:
+            if self.members:
+                for pid, host in self.members.items():
+                    if pid not in now:
+                        self.failures.append((time.time(), host, pid))
+                        wait = self.table.exclude(host)
+                        until = "for the rest of the job" if wait is None else f"for {wait:.0f} s"
+                        self.log(f"worker pid {pid} on host {host} failed; {host} is excluded {until}")
+            self.members = now
+            counts: dict[str, int] = {}
+            for host in now.values():
+                counts[host] = counts.get(host, 0) + 1
+            self.table.in_use = counts
+        self.log(f"world now has {len(now)} worker(s): {sorted(counts.items())}")
+
+
+def mpi_hosts(logical: dict[str, int], max_np: int) -> list[tuple[str, int]]:
+    """Real MPI hosts (and slots) for the logical hosts: local aliases fold into this machine."""
+    me = socket.gethostname()
+    real: dict[str, int] = {}
+    for h, s in logical.items():
+        name = me if h in local_aliases() else h
+        real[name] = real.get(name, 0) + s
+    if me in real:
+        real[me] = max(real[me], max_np)  # room to spawn up to --max-np here, whatever discovery says later
+    elif not real:
+        real[me] = max_np
+    return list(real.items())
+
+
+def any_remote(logical: dict[str, int]) -> bool:
+    return any(h not in local_aliases() for h in logical)
+
+
+def bind_address(logical: dict[str, int]) -> str:
+    return "0.0.0.0" if any_remote(logical) or os.environ.get("HORO_ELASTIC_BIND_ALL") else "127.0.0.1"  # noqa: S104

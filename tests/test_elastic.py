@@ -1,0 +1,260 @@
+"""Elastic training over ULFM: real hororun jobs, real SIGKILLed workers, a real growing world.
+
+Each test copies an app from tests/elastic_apps under a unique name (so leftovers can be found by it), runs it
+through ``python -m horo.run`` in its own process group with a hard time limit (the group is killed on
+timeout), and asserts that no process of the job is left behind. The victims SIGKILL themselves at a chosen
+step, so the failure lands mid-epoch, while the other ranks are in (or about to enter) a collective.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.mpi
+
+APPS = Path(__file__).resolve().parent / "elastic_apps"
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _ulfm() -> bool:
+    from mpi4py import MPI
+
+    return "Open MPI" in MPI.Get_library_version() and hasattr(MPI.Comm, "Shrink")
+
+
+needs_ulfm = pytest.mark.skipif(not _ulfm(), reason="elastic needs the embedded Open MPI (ULFM)")
+
+
+def _orphans(marker: str) -> str:
+    out = subprocess.run(["pgrep", "-af", marker], check=False, capture_output=True, text=True, timeout=10)
+    return out.stdout.strip()
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(5)
+            return
+        except subprocess.TimeoutExpired:
+            pass
+
+
+class Job:
+    def __init__(self, rc: int, out: str, results: list[dict], elapsed: float) -> None:
+        self.rc, self.out, self.results, self.elapsed = rc, out, results, elapsed
+
+    def by_rank(self) -> dict[int, dict]:
+        return {r["rank"]: r for r in self.results}
+
+
+def run_elastic(tmp_path: Path, app: str, hororun_args: list[str], env: dict[str, str] | None = None,
+                timeout: float = 100.0) -> Job:
+    marker = f"elastic_{uuid.uuid4().hex}"
+    script = tmp_path / f"{marker}.py"
+    shutil.copy(APPS / app, script)
+    out_dir = tmp_path / "out"
+    out_dir.mkdir(exist_ok=True)
+    full_env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", ELASTIC_OUT=str(out_dir), **(env or {}))
+    full_env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO / "src"), full_env.get("PYTHONPATH", "")) if p)
+    cmd = [sys.executable, "-m", "horo.run", *hororun_args, sys.executable, str(script)]
+    start = time.monotonic()
+    proc = subprocess.Popen(cmd, cwd=tmp_path, env=full_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, errors="replace", start_new_session=True)
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        _kill_group(proc)
+        out, _ = proc.communicate()
+        pytest.fail(f"elastic job ran past {timeout} s and was killed; output:\n{out[-8000:]}")
+    elapsed = time.monotonic() - start
+    deadline = time.monotonic() + 3.0
+    while _orphans(marker) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    left = _orphans(marker)
+    if left:
+        _kill_group(proc)
+        pytest.fail(f"processes left behind:\n{left}")
+    results = [json.loads(p.read_text()) for p in sorted(out_dir.glob("result.*.json"))]
+    return Job(proc.returncode, out, results, elapsed)
+
+
+def _show(job: Job) -> str:
+    return f"rc={job.rc}\n{job.out[-6000:]}"
+
+
+@needs_ulfm
+@pytest.mark.timeout(240)
+def test_torch_kill_one_of_three_finishes_with_two(tmp_path: Path) -> None:
+    """Rank 2 is SIGKILLed mid-epoch: ranks 0 and 1 roll back, shrink, rescale lr and finish identically."""
+    job = run_elastic(tmp_path, "torch_train.py", ["-np", "3", "--min-np", "2", "--max-np", "3"],
+                      {"ELASTIC_KILLS": "1:5:2:0", "EPOCHS": "3"}, timeout=180)
+    assert job.rc == 0, _show(job)
+    ranks = job.by_rank()
+    assert sorted(ranks) == [0, 1], _show(job)
+    for r in ranks.values():
+        assert r["size"] == 2
+        assert r["lr"] == pytest.approx(0.02), "the reset callback did not rescale lr to BASE_LR * 2"
+        assert r["resets"] == [{"size": 2, "rank": r["rank"]}]
+        # every batch of every epoch was trained once to completion: (epoch, batch) pairs in order
+        done = [(e, b) for e, b, _s, _c in r["steps"]]
+        assert sorted(set(done)) == [(e, b) for e in range(3) for b in range(12)]
+        assert done.count((1, 5)) == 2  # the step the failure interrupted is redone, nothing before it
+    assert ranks[0]["weights"] == ranks[1]["weights"], "weights differ between the survivors"
+    assert "failed during the job" in job.out and "excluded" in job.out, _show(job)
+
+
+@needs_ulfm
+@pytest.mark.timeout(150)
+def test_kill_rank0_then_again_two_failures_in_a_row(tmp_path: Path) -> None:
+    """Rank 0 dies, then the new rank 0 dies in the next world: 3 -> 2 -> 1, the sum is exact."""
+    job = run_elastic(tmp_path, "numpy_train.py", ["-np", "3", "--min-np", "1", "--max-np", "3"],
+                      {"ELASTIC_KILLS": "10:0:0,25:0:1", "STEPS": "40"})
+    assert job.rc == 0, _show(job)
+    (only,) = job.results
+    assert only["size"] == 1 and only["rank"] == 0
+    assert only["total"] == 10 * 3 + 15 * 2 + 15 * 1, "a committed step was lost or counted twice"
+    assert [r[0] for r in only["resets"]] == [2, 1]
+    assert job.out.count(" is excluded ") == 2, _show(job)
+
+
+@needs_ulfm
+@pytest.mark.timeout(150)
+def test_world_of_one_runs_through(tmp_path: Path) -> None:
+    job = run_elastic(tmp_path, "numpy_train.py", ["-np", "1", "--min-np", "1", "--max-np", "1"], {"STEPS": "20"})
+    assert job.rc == 0, _show(job)
+    (only,) = job.results
+    assert only["total"] == 20 and only["resets"] == [] and only["size"] == 1
+
+
+@needs_ulfm
+@pytest.mark.timeout(150)
+def test_below_min_np_fails_clearly_within_the_timeout(tmp_path: Path) -> None:
+    job = run_elastic(tmp_path, "numpy_train.py",
+                      ["-np", "2", "--min-np", "2", "--max-np", "2", "--elastic-timeout", "4"],
+                      {"ELASTIC_KILLS": "5:1:0", "STEPS": "200", "STEP_SLEEP": "0.01"})
+    assert job.rc != 0, _show(job)
+    assert "fewer than --min-np=2" in job.out and "Hosts left" in job.out, _show(job)
+    assert not job.results
+    assert job.elapsed < 90, _show(job)
+
+
+@needs_ulfm
+@pytest.mark.timeout(150)
+def test_past_reset_limit_fails_clearly(tmp_path: Path) -> None:
+    job = run_elastic(tmp_path, "numpy_train.py",
+                      ["-np", "3", "--min-np", "1", "--max-np", "3", "--reset-limit", "1"],
+                      {"ELASTIC_KILLS": "5:2:0,10:1:1", "STEPS": "40"})
+    assert job.rc != 0, _show(job)
+    assert "more than --reset-limit allows" in job.out and "reset_limit=1" in job.out, _show(job)
+
+
+@needs_ulfm
+@pytest.mark.timeout(240)
+def test_grow_two_to_three_through_discovery(tmp_path: Path) -> None:
+    """The discovery script reports a third host: a worker is spawned, merged, and starts on synced weights."""
+    hosts = tmp_path / "hosts.txt"
+    hosts.write_text("localhost:2\n")
+    disc = tmp_path / "discover.sh"
+    disc.write_text(f"#!/bin/sh\ncat {hosts}\n")
+    disc.chmod(0o755)
+    job = run_elastic(tmp_path, "numpy_train.py",
+                      ["-np", "2", "--min-np", "2", "--max-np", "3", "--host-discovery-script", str(disc)],
+                      {"ELASTIC_GROW": f"3:{hosts}:localhost:2\\n127.0.0.1:1", "STEPS": "60", "STEP_SLEEP": "0.1"},
+                      timeout=180)
+    assert job.rc == 0, _show(job)
+    ranks = job.by_rank()
+    assert sorted(ranks) == [0, 1, 2], _show(job)
+    assert all(r["size"] == 3 for r in ranks.values())
+    assert ranks[0]["weights"] == ranks[1]["weights"] == ranks[2]["weights"]
+    # the new worker's first step ran on rank 0's weights of that step (its own start value was 2.0 * 8)
+    first = ranks[2]["steps"][0]
+    rank0 = {s: w for s, _n, w in ranks[0]["steps"]}
+    assert first[2] == rank0[first[0]] and first[1] == 3, (first, rank0.get(first[0]))
+    assert ranks[2]["resets"] == []  # the new worker runs no reset callback (as in Horovod)
+    assert [r[0] for r in ranks[0]["resets"]] == [3]
+    # every step once: 2 ranks before the growth, 3 after
+    grown_at = first[0]
+    assert ranks[0]["total"] == grown_at * 2 + (60 - grown_at) * 3
+    assert "adding 1 worker(s) on ['127.0.0.1']" in job.out, _show(job)
+
+
+@needs_ulfm
+@pytest.mark.timeout(240)
+def test_elastic_sampler_covers_each_sample_once_across_a_reset(tmp_path: Path) -> None:
+    """144 samples, 3 ranks; rank 1 dies at batch 5 of epoch 0: the committed batches of all ranks (the dead
+    one's included) cover every sample of each epoch exactly once, and no committed sample is served again."""
+    job = run_elastic(tmp_path, "torch_sampler.py", ["-np", "3", "--min-np", "2", "--max-np", "3"],
+                      {"ELASTIC_KILLS": "0:5:1:0", "EPOCHS": "2"}, timeout=180)
+    assert job.rc == 0, _show(job)
+    seen: dict[int, list[int]] = {0: [], 1: []}
+    sizes: dict[int, set[int]] = {0: set(), 1: set()}
+    for path in (tmp_path / "out").glob("log.*.jsonl"):
+        for line in path.read_text().splitlines():
+            epoch, size, ids = json.loads(line)
+            seen[epoch] += ids
+            sizes[epoch].add(size)
+    assert sizes[0] == {3, 2}, "the reset did not happen mid-epoch 0"
+    for epoch in (0, 1):
+        assert sorted(seen[epoch]) == list(range(144)), (epoch, len(seen[epoch]), len(set(seen[epoch])))
+
+
+@needs_ulfm
+@pytest.mark.parametrize("backend", ["tensorflow", "torch"])
+@pytest.mark.timeout(300)
+def test_keras_fit_survives_a_kill(tmp_path: Path, backend: str) -> None:
+    """Keras fit with KerasState and the three callbacks: rank 2 dies mid-epoch, fit goes on with 2."""
+    job = run_elastic(tmp_path, "keras_train.py", ["-np", "3", "--min-np", "2", "--max-np", "3"],
+                      {"ELASTIC_KILLS": "1:5:2:0", "EPOCHS": "3", "KERAS_BACKEND": backend}, timeout=240)
+    assert job.rc == 0, _show(job)
+    ranks = job.by_rank()
+    assert sorted(ranks) == [0, 1], _show(job)
+    for r in ranks.values():
+        assert r["size"] == 2 and r["epoch"] == 3
+        assert r["lr"] == pytest.approx(0.02)
+        assert r["resets"] == [[2, r["rank"]]]
+        assert [e for e, _b, _s in r["batches"]].count(0) == 12  # epoch 0 ran once (initial_epoch resumes)
+    assert ranks[0]["weights"] == ranks[1]["weights"]
+
+
+@needs_ulfm
+@pytest.mark.timeout(60)
+def test_elastic_without_ulfm_mpiexec_is_refused(tmp_path: Path) -> None:
+    """Elastic mode with a launcher that is not Open MPI's fails at once, naming what is needed."""
+    fake = tmp_path / "mpiexec"
+    fake.write_text("#!/bin/sh\necho 'HYDRA build details:'\n")
+    fake.chmod(0o755)
+    job = run_elastic(tmp_path, "numpy_train.py", ["--mpiexec", str(fake), "-np", "2", "--min-np", "1"], timeout=30)
+    assert job.rc == 2 and "ULFM" in job.out, _show(job)
+
+
+@needs_ulfm
+@pytest.mark.timeout(60)
+def test_run_refuses_an_mpi_started_without_fault_tolerance(tmp_path: Path) -> None:
+    """A plain (non-FT) launch: @elastic.run raises at once with what is needed, instead of hanging later."""
+    from test_mpi_suites import find_mpiexec
+
+    marker = f"elastic_{uuid.uuid4().hex}"
+    script = tmp_path / f"{marker}.py"
+    shutil.copy(APPS / "numpy_train.py", script)
+    env = dict(os.environ, ELASTIC_OUT=str(tmp_path), PYTHONPATH=str(REPO / "src"))
+    env.pop("OMPI_MCA_mpi_ft_enable", None)
+    proc = subprocess.run([find_mpiexec(), "-n", "2", sys.executable, str(script)], env=env, capture_output=True,
+                          text=True, timeout=50, check=False)
+    assert proc.returncode != 0
+    assert "needs an MPI with fault tolerance (ULFM)" in proc.stdout + proc.stderr
+    assert "--with-ft ulfm" in proc.stdout + proc.stderr
+    assert _orphans(marker) == ""

@@ -1,0 +1,101 @@
+"""Elastic pieces that need no MPI job: states, hororun's elastic flags, discovery parsing, the driver's HMAC."""
+
+from __future__ import annotations
+
+import socket
+
+import numpy as np
+import pytest
+
+from horo.elastic import HoroInternalError, HorovodInternalError, ObjectState, run
+from horo.run.args import UsageError, parse_args
+from horo.run.elastic_driver import DiscoveryError, ElasticDriver, HostTable, parse_discovery_output
+from horo.run.elastic_proto import recv_msg, send_msg
+
+
+def _state(**kw):
+    return ObjectState(bcast_object=lambda obj, root, name=None: obj, get_rank=lambda: 0, **kw)
+
+
+def test_object_state_save_restore_and_sync():
+    s = _state(epoch=0, w=np.zeros(3))
+    s.epoch, s.w = 5, np.ones(3)
+    s.restore()  # nothing committed yet: back to the initial values
+    assert s.epoch == 0 and not s.w.any()
+    s.epoch = 2
+    s.w[:] = 7
+    s.save()
+    s.w[:] = 9  # in-place change after the commit must not leak into the saved copy
+    s.restore()
+    assert s.epoch == 2 and (s.w == 7).all()
+    s.sync()
+    assert s.epoch == 2
+
+
+def test_reset_callbacks_and_bad_arguments():
+    s = _state(epoch=0)
+    calls = []
+    s.register_reset_callbacks([lambda: calls.append(1)])
+    s.on_reset()
+    assert calls == [1]
+    with pytest.raises(TypeError, match="Received: callbacks="):
+        s.register_reset_callbacks(lambda: None)
+    with pytest.raises(TypeError, match="must be callable"):
+        s.register_reset_callbacks([1])
+    with pytest.raises(TypeError, match="Received: func=3"):
+        run(3)
+    assert HorovodInternalError is HoroInternalError
+
+
+def test_elastic_flags_follow_horovod():
+    ns = parse_args(["--min-np", "2", "--max-np", "4", "python", "x.py"])
+    assert ns.elastic and ns.np == 2 and ns.min_np == 2 and ns.max_np == 4 and ns.elastic_timeout == 600
+    ns = parse_args(["-np", "3", "--min-np", "2", "-H", "a:2,b:2", "--blacklist-cooldown-range", "1", "5",
+                     "--reset-limit", "3", "python", "x.py"])
+    assert ns.max_np == 3 and ns.cooldown == [1.0, 5.0] and ns.reset_limit == 3
+    assert not parse_args(["-np", "2", "python", "x.py"]).elastic
+
+
+@pytest.mark.parametrize("argv, text", [
+    (["-np", "5", "--min-np", "2", "--max-np", "4"], "Received: --min-np=2, -np=5, --max-np=4"),
+    (["--min-np", "2", "--elastic-timeout", "0"], "Received: --elastic-timeout=0"),
+    (["--min-np", "2", "--blacklist-cooldown-range", "5", "1"], "Received: --blacklist-cooldown-range=5 1"),
+    (["--min-np", "2", "--host-discovery-script", "/nonexistent"], "--host-discovery-script='/nonexistent'"),
+    (["--min-np", "2", "--hostfile", "h"], "Received: --hostfile='h'"),
+])
+def test_bad_elastic_flags_name_the_value(argv, text):
+    with pytest.raises(UsageError, match="Received") as info:
+        parse_args([*argv, "python", "x.py"])
+    assert text in str(info.value)
+
+
+def test_discovery_output_and_host_table():
+    hosts = parse_discovery_output("localhost:2\n127.0.0.1\n# comment\n\nnode-3:4\n", 3, "s")
+    assert hosts == {"localhost": 2, "127.0.0.1": 3, "node-3": 4}
+    with pytest.raises(DiscoveryError, match="Received: 'a:x'"):
+        parse_discovery_output("a:x\n", None, "s")
+    t = HostTable(cooldown=None)
+    t.update({"a": 2, "b": 1})
+    assert t.claim(2) == ["a", "a"] and t.free_slots() == ["b"]
+    assert t.exclude("b") is None and t.free_slots() == []
+    t2 = HostTable(cooldown=(0.0, 0.0))
+    t2.update({"a": 1})
+    assert t2.exclude("a") == 0.0 and t2.free_slots() == ["a"]  # a zero cool-down: back at once
+
+
+def test_driver_answers_only_signed_requests():
+    drv = ElasticDriver(lambda: {"localhost": 2}, 1, 2)
+    drv.start()
+    try:
+        host, port = drv.address.split(":")
+        with socket.create_connection((host, int(port)), timeout=5) as s:
+            send_msg(s, b"wrong key", {"op": "poll"})
+            assert s.recv(100) == b""  # no answer to an unsigned peer: the connection just closes
+        drv.refresh()
+        with socket.create_connection((host, int(port)), timeout=5) as s:
+            send_msg(s, drv.key, {"op": "poll"})
+            reply = recv_msg(s, drv.key)
+        assert reply["free"] == 2 and reply["max_np"] == 2
+        assert host == "127.0.0.1"  # loopback unless the hosts need otherwise
+    finally:
+        drv.stop()
