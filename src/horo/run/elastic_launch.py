@@ -77,12 +77,13 @@ def run_elastic(ns: argparse.Namespace, mpiexec: str, flavor: str, base_env: dic
     if ns.tag_output:
         cmd.append("--tag-output")
     for name, value in {**genv, **env_extra}.items():
-        cmd += ["-x", f"{name}={value}"]
+        # The secret is forwarded by name from mpiexec's environment: a value on the command line is readable
+        # by every user of the machine through ps.
+        cmd += ["-x", name if name == "HORO_ELASTIC_SECRET" else f"{name}={value}"]
     cmd += list(ns.command)
     if ns.verbose:
         print(f"hororun: elastic: workers on {assignment}", file=sys.stderr)
-        shown = [("HORO_ELASTIC_SECRET=<secret>" if c.startswith("HORO_ELASTIC_SECRET=") else c) for c in cmd]
-        print(f"hororun: {shlex.join(shown)}", file=sys.stderr, flush=True)
+        print(f"hororun: {shlex.join(cmd)}", file=sys.stderr, flush=True)
     from horo.run import _first_rank_exit
     from horo.run.launch import run_job
 
