@@ -1,9 +1,7 @@
 """op=horo.Adasum against a float64 numpy reference of the documented tree, at any world size.
 
-The reference (``tree`` below) is written from the contract in src/horo/core/adasum.py, not from the
-implementation: ranks ``r >= p`` (p = the largest power of two not above the size) fold into ``r - p``
-first, then pairs, pairs of pairs, ... with the lower group as ``a``; every combination is the pairwise
-rule with float64 dot products and norms. tests/test_adasum_mpi.py also runs this file at 4, 5 and 6 ranks.
+The reference (``adasum_ref.tree``) is written from the contract in src/horo/core/adasum.py, not from the
+implementation. tests/test_adasum_mpi.py also runs this file at 4, 5 and 6 ranks.
 """
 
 from __future__ import annotations
@@ -12,31 +10,11 @@ import math
 
 import numpy as np
 import pytest
+from adasum_ref import tree
 from horo_mpi_util import BF16, FLOAT_DTYPES, INT_DTYPES, agree, dname, sync_comm
 
-SQRT_DBL_MIN = math.sqrt(np.finfo(np.float64).tiny)
 # float32 as the issue asks; 16-bit floats are rounded at each of up to log2(size)+1 levels
 RTOL = {np.dtype(np.float64): 1e-12, np.dtype(np.float32): 1e-5, np.dtype(np.float16): 4e-3, BF16: 3e-2}
-
-
-def pair(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    a, b = a.astype(np.float64), b.astype(np.float64)
-    dot, na, nb = float(a @ b), float(a @ a), float(b @ b)
-    ca = 1.0 - dot / na * 0.5 if na >= SQRT_DBL_MIN else 1.0
-    cb = 1.0 - dot / nb * 0.5 if nb >= SQRT_DBL_MIN else 1.0
-    return ca * a + cb * b
-
-
-def tree(vectors: list[np.ndarray]) -> np.ndarray:
-    """The documented Adasum of one flat vector per rank, in float64."""
-    xs = [v.reshape(-1).astype(np.float64) for v in vectors]
-    p = 1 << (len(xs).bit_length() - 1)
-    for r in range(len(xs) - p):
-        xs[r] = pair(xs[r], xs[r + p])
-    xs = xs[:p]
-    while len(xs) > 1:
-        xs = [pair(xs[i], xs[i + 1]) for i in range(0, len(xs), 2)]
-    return xs[0].reshape(vectors[0].shape)
 
 
 def check_close(out: np.ndarray, ref: np.ndarray, dtype: np.dtype, what: str) -> None:

@@ -2,42 +2,27 @@
 
 Each step, every rank's new parameters must equal ``start + Adasum(local optimizer deltas)``, where the
 local delta is what the plain optimizer (with this rank's own state) does from ``start`` on this rank's
-batch, and Adasum is the documented tree (tests/mpi/test_adasum.py's reference, re-stated here).
+batch, and Adasum is the documented tree (tests/mpi/adasum_ref.py).
 """
 
 from __future__ import annotations
 
-import math
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 from torch_mpi_util import agree
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "mpi"))
+from adasum_ref import tree  # noqa: E402
+
 pytestmark = pytest.mark.mpi
 
-SQRT_DBL_MIN = math.sqrt(np.finfo(np.float64).tiny)
 DATA = torch.Generator().manual_seed(3)
 X = torch.randn(240, 5, generator=DATA)
 Y = (X @ torch.randn(5, 2, generator=DATA)).tanh()
-
-
-def pair(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    dot, na, nb = float(a @ b), float(a @ a), float(b @ b)
-    ca = 1.0 - dot / na * 0.5 if na >= SQRT_DBL_MIN else 1.0
-    cb = 1.0 - dot / nb * 0.5 if nb >= SQRT_DBL_MIN else 1.0
-    return ca * a + cb * b
-
-
-def tree(vectors: list[np.ndarray]) -> np.ndarray:
-    xs = [v.reshape(-1).astype(np.float64) for v in vectors]
-    p = 1 << (len(xs).bit_length() - 1)
-    for r in range(len(xs) - p):
-        xs[r] = pair(xs[r], xs[r + p])
-    xs = xs[:p]
-    while len(xs) > 1:
-        xs = [pair(xs[i], xs[i + 1]) for i in range(0, len(xs), 2)]
-    return xs[0].reshape(vectors[0].shape)
 
 
 def make_model(seed: int = 0) -> torch.nn.Module:
