@@ -44,6 +44,7 @@ def test_adasum_torch_example_on_two_ranks(tmp_path):
     finally:
         _kill_group(proc)  # nothing of the job may survive it
     assert proc.returncode == 0, out[-6000:]
-    losses = {m.group(1): float(m.group(2)) for m in re.finditer(r"final loss\s+(Average|Adasum)\b.*?: ([\d.]+)", out)}
+    pattern = r"final loss\s+(Average|Adasum)\b.*?:\s+([\d.]+)"
+    losses = {m.group(1): float(m.group(2)) for m in re.finditer(pattern, out)}
     assert set(losses) == {"Average", "Adasum"}, out[-4000:]
     assert all(0.0 < v < 0.5 for v in losses.values()), losses  # the untrained model's loss is about 0.9
