@@ -117,3 +117,48 @@ def test_predivide_needs_average(hvd):
     with pytest.raises(ValueError, match="gradient_predivide_factor"):
         hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), op=hvd.Adasum,
                                  gradient_predivide_factor=2.0)
+
+
+def test_lightning_strategy_op_adasum_combines_gradients(hvd, world, rank):
+    pl = pytest.importorskip("pytorch_lightning")
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from horo.strategies import HoroStrategy
+
+    class Reg(pl.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.net = make_model()
+            self.seen: list[list[torch.Tensor]] = []
+            self.batches: list[tuple[torch.Tensor, torch.Tensor]] = []
+
+        def training_step(self, batch, batch_idx):
+            x, y = batch
+            self.batches.append((x.clone(), y.clone()))
+            return torch.nn.functional.mse_loss(self.net(x), y)
+
+        def on_before_optimizer_step(self, optimizer):
+            self.seen.append([p.grad.detach().clone() for p in self.net.parameters()])
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    per_rank = 4
+    x, y = X[:per_rank * world], Y[:per_rank * world]
+    model = Reg()
+    start = [p.detach().clone() for p in model.net.parameters()]
+    trainer = pl.Trainer(strategy=HoroStrategy(op=hvd.Adasum), accelerator="cpu", devices=1, max_steps=1,
+                         logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                         enable_model_summary=False)
+    trainer.fit(model, DataLoader(TensorDataset(x, y), batch_size=per_rank))
+    local = make_model()  # this rank's own gradient on the batch Lightning gave it
+    torch.nn.functional.mse_loss(local(model.batches[0][0]), model.batches[0][1]).backward()
+    grads = hvd.allgather_object([p.grad.double().numpy() for p in local.parameters()])
+
+    def check():
+        for i, (s, p) in enumerate(zip(start, model.net.parameters())):
+            want = tree([grads[r][i] for r in range(world)])
+            np.testing.assert_allclose(model.seen[0][i].double().numpy(), want, rtol=1e-5, atol=1e-7)
+            np.testing.assert_allclose(p.detach().double().numpy(), s.double().numpy() - 0.1 * want, rtol=1e-5,
+                                       atol=1e-6)
+    agree(check)
