@@ -10,7 +10,9 @@ each rank, and the learning rate is not scaled by the number of ranks.
 
 from __future__ import annotations
 
+import contextlib
 import warnings
+import weakref
 from collections.abc import Callable, Generator, Sequence
 from contextlib import contextmanager
 from typing import Any
@@ -59,7 +61,20 @@ class AdasumDeltas:
         self._requires_update = [p for p in dict.fromkeys(params) if p.requires_grad]
         self._starts = {p: torch.zeros_like(p, requires_grad=False) for p in self._requires_update}
         self.set_backward_passes_per_step(backward_passes_per_step)
-        self._hooks = [p.register_post_accumulate_grad_hook(self._on_grad) for p in self._requires_update]
+        # The hooks hold the optimizer weakly: once it is gone they do nothing (as GradientExchange's).
+        on_grad = weakref.WeakMethod(self._on_grad)
+
+        def hook(p: torch.Tensor) -> None:
+            fn = on_grad()
+            if fn is not None:
+                fn(p)
+
+        self._hooks = [p.register_post_accumulate_grad_hook(hook) for p in self._requires_update]
+
+    def __del__(self) -> None:
+        with contextlib.suppress(Exception):
+            for h in self._hooks:
+                h.remove()
 
     @property
     def backward_passes_per_step(self) -> int:
