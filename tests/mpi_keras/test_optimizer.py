@@ -148,7 +148,7 @@ def test_bad_arguments_say_what_was_received(hvd):
     sgd = keras.optimizers.SGD
     bad = [
         (lambda: hvd.DistributedOptimizer("sgd"), TypeError),
-        (lambda: hvd.DistributedOptimizer(sgd(0.1), op=hvd.Adasum), ValueError),
+        (lambda: hvd.DistributedOptimizer(sgd(0.1), op=hvd.Min), ValueError),
         (lambda: hvd.DistributedOptimizer(sgd(0.1), op=hvd.Sum, gradient_predivide_factor=2.0), ValueError),
         (lambda: hvd.DistributedOptimizer(sgd(0.1), backward_passes_per_step=0), ValueError),
         (lambda: hvd.DistributedOptimizer(sgd(0.1, gradient_accumulation_steps=2), backward_passes_per_step=2),

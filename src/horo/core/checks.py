@@ -7,8 +7,8 @@ from typing import Any
 
 import numpy as np
 
-from .dtypes import as_host_array
-from .ops import Average, ReduceOp, resolve_op
+from .dtypes import BFLOAT16, as_host_array
+from .ops import Adasum, Average, ReduceOp, resolve_op
 from .process_sets import ProcessSet
 
 __all__ = ["host", "name_arg", "scale_arg", "reduce_args", "root_arg", "splits_arg", "need_dim"]
@@ -46,6 +46,11 @@ def reduce_args(arr: np.ndarray, op: Any, average: Any, prescale: Any, postscale
         )
     pre = scale_arg(prescale, "prescale_factor", what)
     post = scale_arg(postscale, "postscale_factor", what)
+    if rop is Adasum and arr.dtype.kind != "f" and arr.dtype != BFLOAT16:
+        raise TypeError(
+            f"{what}: Adasum needs a floating dtype (float16, bfloat16, float32 or float64). Received: "
+            f"op=horo.Adasum, tensor.dtype={arr.dtype}. HINT: cast to a float dtype, or use horo.Sum/horo.Average."
+        )
     if arr.dtype == np.bool_ and rop is Average:
         raise TypeError(
             f"{what}: Average is not defined for bool. Received: op=horo.Average, tensor.dtype=bool. "

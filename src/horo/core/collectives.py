@@ -126,7 +126,7 @@ def reduce_group(comm: Any, arrs: Sequence[np.ndarray], op: ReduceOp, pre: float
         for i in idx:
             buf[off:off + arrs[i].size] = arrs[i].reshape(-1)
             off += arrs[i].size
-        mpi_ops.allreduce_into(comm, buf, buf, op, pre, post)
+        mpi_ops.allreduce_into(comm, buf, buf, op, pre, post, segments=[arrs[i].size for i in idx])
         off = 0
         for i in idx:
             results[i][...] = buf[off:off + arrs[i].size].reshape(arrs[i].shape)

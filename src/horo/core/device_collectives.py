@@ -39,7 +39,7 @@ from .collectives import _broadcast_sig, allreduce_sig, grouped_sig, reduce_grou
 from .engine import Request, auto_name, submit
 from .errors import MismatchError
 from .negotiation import JOIN, Signature, agree, exchange, format_mismatch, joinable
-from .ops import Average, ReduceOp, Sum
+from .ops import Adasum, Average, ReduceOp, Sum
 from .process_sets import ProcessSet, resolve
 
 __all__ = [
@@ -72,6 +72,9 @@ __all__ = [
 DEVICE_FIELD = ("device", "cuda")
 
 _JOINED = "a rank has called horo.join()"
+# Adasum on GPU tensors runs on the host path (staged through host memory) until Horovod's hierarchical
+# form (NCCL reduce-scatter in the node, Adasum across nodes, NCCL allgather) is verified on a GPU machine.
+_ADASUM = "op=Adasum runs on the host (MPI) path"
 
 
 def is_device_signature(sig: Signature) -> bool:
@@ -140,6 +143,13 @@ def _backend(comm: Any, tensors: Sequence[Any], what: str) -> nccl.NcclBackend:
     return be
 
 
+def _why(joined: bool, rop: ReduceOp, be: nccl.NcclBackend | None) -> str:
+    """Why a GPU allreduce stages through the host."""
+    if joined:
+        return _JOINED
+    return _ADASUM if rop is Adasum else be.reason  # type: ignore[union-attr]
+
+
 def _stage(tensor: Any, reason: str, arg: str = "tensor") -> np.ndarray:
     # Staging while a rank is joined is expected (and brief): only a missing NCCL gets the log line.
     return device.stage_to_host(tensor, arg, reason=reason, note=reason != _JOINED)
@@ -188,9 +198,9 @@ def device_allreduce(tensor: Any, average: bool | None = None, name: str | None 
     meta = _meta(tensor, what)
     rop, pre, post = reduce_args(meta, op, average, prescale_factor, postscale_factor, what)  # type: ignore[arg-type]
     joined = _agree_reduce(ps, _sig_allreduce(meta, name_arg(name, what), rop, pre, post))
-    be = None if joined else _backend(ps.comm, [tensor], what)
+    be = None if joined or rop is Adasum else _backend(ps.comm, [tensor], what)
     if be is None or be.mode != "nccl":
-        h = _stage(tensor, _JOINED if joined else be.reason)  # type: ignore[union-attr]
+        h = _stage(tensor, _why(joined, rop, be))
         mpi_ops.allreduce_into(ps.comm, h, h, rop, pre, post)
         return device.to_device_like(h, tensor)
     cp = device.cupy_or_none()
@@ -212,9 +222,9 @@ def device_allreduce_(tensor: Any, average: bool | None = None, name: str | None
     device.check_writable(tensor, what)
     rop, pre, post = reduce_args(meta, op, average, prescale_factor, postscale_factor, what)  # type: ignore[arg-type]
     joined = _agree_reduce(ps, _sig_allreduce(meta, name_arg(name, what), rop, pre, post))
-    be = None if joined else _backend(ps.comm, [tensor], what)
+    be = None if joined or rop is Adasum else _backend(ps.comm, [tensor], what)
     if be is None or be.mode != "nccl":
-        h = _stage(tensor, _JOINED if joined else be.reason)  # type: ignore[union-attr]
+        h = _stage(tensor, _why(joined, rop, be))
         mpi_ops.allreduce_into(ps.comm, h, h, rop, pre, post)
         return device.copy_back(h, tensor)
     cp = device.cupy_or_none()
@@ -260,10 +270,9 @@ def _grouped_allreduce(tensors: Sequence[Any], average: Any, name: Any, op: Any,
         for t in tensors:
             device.check_writable(t, what)
     joined = _agree_reduce(ps, grouped_sig(metas, name_arg(name, what), rop, pre, post) + (DEVICE_FIELD,))  # type: ignore[arg-type]
-    be = None if joined else _backend(ps.comm, tensors, what)
+    be = None if joined or rop is Adasum else _backend(ps.comm, tensors, what)
     if be is None or be.mode != "nccl":
-        hosts = [_stage(t, _JOINED if joined else be.reason, f"tensors[{i}]")  # type: ignore[union-attr]
-                 for i, t in enumerate(tensors)]
+        hosts = [_stage(t, _why(joined, rop, be), f"tensors[{i}]") for i, t in enumerate(tensors)]
         outs = reduce_group(ps.comm, hosts, rop, pre, post)
         if inplace:
             return [device.copy_back(o, t) for o, t in zip(outs, tensors)]
@@ -541,9 +550,9 @@ def _allreduce_async(tensor: Any, average: Any, name: Any, op: Any, prescale_fac
     cap.mark_ready()
 
     def run(comm: Any) -> Any:
-        be = _engine_backend(ps, comm, cap)
+        be = None if rop is Adasum else _engine_backend(ps, comm, cap)
         if be is None:
-            h = cap.host_copies(_reason(ps, comm))[0]
+            h = cap.host_copies(_ADASUM if rop is Adasum else _reason(ps, comm))[0]
             mpi_ops.allreduce_into(comm, h, h, rop, pre, post)
             return device.copy_back(h, tensor) if inplace else device.to_device_like(h, tensor)
         v = cap.views[0]
@@ -576,9 +585,10 @@ def device_grouped_allreduce_async(tensors: Sequence[Any], average: bool | None 
     cap.mark_ready()
 
     def run(comm: Any) -> list[Any]:
-        be = _engine_backend(ps, comm, cap)
+        be = None if rop is Adasum else _engine_backend(ps, comm, cap)
         if be is None:
-            results = reduce_group(comm, cap.host_copies(_reason(ps, comm)), rop, pre, post)
+            results = reduce_group(comm, cap.host_copies(_ADASUM if rop is Adasum else _reason(ps, comm)), rop, pre,
+                                   post)
             if _inplace:
                 return [device.copy_back(r, t) for r, t in zip(results, tensors)]
             return [device.to_device_like(r, t) for r, t in zip(results, tensors)]

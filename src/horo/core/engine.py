@@ -376,7 +376,8 @@ class Engine:
             off += r.send.size
         t1 = timeline.now_us()
         view = buf[:total]
-        mpi_ops.allreduce_into(self.comm, view, view, first.op, first.pre, first.post)
+        mpi_ops.allreduce_into(self.comm, view, view, first.op, first.pre, first.post,
+                               segments=[r.send.size for r in batch])
         t2 = timeline.now_us()
         off = 0
         for r in batch:

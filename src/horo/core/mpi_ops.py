@@ -8,14 +8,15 @@ from __future__ import annotations
 
 import math
 import sys
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
-from . import half
+from . import adasum, half
 from .config import config
 from .dtypes import needs_upcast
-from .ops import Average, Max, Min, Product, ReduceOp, Sum
+from .ops import Adasum, Average, Max, Min, Product, ReduceOp, Sum
 
 __all__ = ["ALIGN", "empty", "aligned_view", "allreduce_into", "allgather", "broadcast_into", "alltoall",
            "reducescatter", "scatter_counts"]
@@ -67,14 +68,21 @@ def _finish(buf: np.ndarray, op: ReduceOp, size: int, postscale: float) -> None:
 
 
 def allreduce_into(comm: Any, send: np.ndarray, out: np.ndarray, op: ReduceOp,
-                   prescale: float = 1.0, postscale: float = 1.0) -> np.ndarray:
+                   prescale: float = 1.0, postscale: float = 1.0,
+                   segments: Sequence[int] | None = None) -> np.ndarray:
     """Reduce ``send`` across ``comm`` into ``out`` (both C-contiguous, same shape; may be the same array).
 
     Arrays above 8 x ``HORO_CHUNK_BYTES`` go in pieces of that size (the same on every rank, see config),
     which keeps each MPI call cache-sized; 16-bit floats go through ``_allreduce_16bit``.
+
+    Args:
+        segments: for Adasum, the element counts of the tensors fused one after another in ``send``
+            (each keeps its own coefficients; see adasum.py); ignored by the other ops.
     """
     if MPI is None:
         _load()
+    if op is Adasum:  # never chunked: its coefficients are per tensor, over the whole tensor
+        return adasum.adasum_into(comm, send, out, prescale, postscale, segments)
     size = comm.Get_size()
     inplace = send is out  # every in-place caller passes the same object
     src, dst = send.reshape(-1), out.reshape(-1)

@@ -37,7 +37,7 @@ def resolve_op(op: object = None, average: object = None, default: ReduceOp = Av
     Raises:
         ValueError: both given, or an unknown op.
     """
-    if average is None and op.__class__ is ReduceOp and op is not Adasum:
+    if average is None and op.__class__ is ReduceOp:
         return op  # the common case first: this runs on every collective
     if average is not None:
         if op is not None:
@@ -49,16 +49,12 @@ def resolve_op(op: object = None, average: object = None, default: ReduceOp = Av
     if op is None:
         return default
     if isinstance(op, ReduceOp):
-        if op is Adasum:
-            raise ValueError(
-                "Received: op=horo.Adasum. Adasum is not supported by horo. HINT: use horo.Average or horo.Sum."
-            )
         return op
     if isinstance(op, str):
         for member in ReduceOp:
-            if member.value.lower() == op.lower() and member is not Adasum:
+            if member.value.lower() == op.lower():
                 return member
     raise ValueError(
         f"Unknown reduce op. Received: op={op!r}. HINT: use one of horo.Average, horo.Sum, horo.Min, "
-        "horo.Max, horo.Product."
+        "horo.Max, horo.Product, horo.Adasum."
     )

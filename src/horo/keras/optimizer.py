@@ -14,7 +14,7 @@ from types import ModuleType
 from typing import Any
 
 from ..core.compression import Compression
-from ..core.ops import Average
+from ..core.ops import Adasum, Average
 from ..core.process_sets import global_process_set
 from ..plugins.fused import FusedAllreduce
 from ..plugins.grad_settings import Settings, make_settings
@@ -90,9 +90,31 @@ class _DistributedMixin:
 
     def _horo_apply_now(self, grads: list[Any], trainable_variables: Any) -> Any:
         state = self._horo
-        if state.settings.size() > 1:  # one rank: nothing to exchange, no overhead
-            grads = state.backend.exchange(grads, state.settings, state.fused)
+        if state.settings.size() == 1:  # one rank: nothing to exchange, no overhead
+            return super().apply(grads, trainable_variables)  # type: ignore[misc]
+        if state.settings.op is Adasum:
+            return self._horo_adasum_apply(grads, trainable_variables)
+        grads = state.backend.exchange(grads, state.settings, state.fused)
         return super().apply(grads, trainable_variables)  # type: ignore[misc]
+
+    def _horo_adasum_apply(self, grads: list[Any], trainable_variables: Any) -> Any:
+        """Horovod's Adasum delta scheme: apply locally, combine the updates, ``v = start + Adasum(deltas)``.
+
+        Each rank's optimizer (clipping, weight decay, momentum, Adam moments) runs on its own gradients,
+        so its state stays local; the changes it makes to the variables are what Adasum combines.
+        """
+        import keras
+
+        state = self._horo
+        variables = list(trainable_variables) if trainable_variables is not None else self._trainable_variables
+        touched = [v for g, v in zip(grads, variables) if g is not None]
+        starts = [keras.ops.copy(v.value) for v in touched]
+        result = super().apply(grads, trainable_variables)  # type: ignore[misc]
+        deltas = [keras.ops.subtract(v.value, s) for v, s in zip(touched, starts)]
+        combined = state.backend.exchange(deltas, state.settings, state.fused)
+        for v, s, d in zip(touched, starts, combined):
+            v.assign(keras.ops.add(s, keras.ops.cast(d, s.dtype)))
+        return result
 
 
 _CLASSES: dict[type, type] = {}
@@ -158,7 +180,10 @@ def DistributedOptimizer(optimizer: Any, name: str | None = None, device_dense: 
         compression: ``hvd.Compression.none``, ``.fp16`` or ``.bf16`` (cast for the exchange only).
         sparse_as_dense: densify embedding (IndexedSlices) gradients instead of allgathering them.
         gradient_predivide_factor: divide by this before the sum and by size/factor after (Average only).
-        op: ``hvd.Average`` (default) or ``hvd.Sum``.
+        op: ``hvd.Average`` (default), ``hvd.Sum`` or ``hvd.Adasum``. With Adasum (Horovod raises here)
+            each rank applies its own gradients, then the variables become ``start + Adasum(updates)``
+            (Horovod's delta scheme, as for torch): optimizer state stays local, and the learning rate is
+            not scaled by the number of ranks.
         backward_passes_per_step: sum this many local gradients before one exchange and update.
         average_aggregated_gradients: divide those sums by ``backward_passes_per_step``.
         num_groups: ignored: all gradients already go in one exchange.

@@ -20,7 +20,7 @@ import numpy as np
 
 from .. import core
 from ..core.mpi_ops import ALIGN, aligned_view
-from ..core.ops import Average, ReduceOp, Sum
+from ..core.ops import Adasum, Average, ReduceOp, Sum
 from ..core.process_sets import ProcessSet, resolve
 
 __all__ = ["ALIGN", "FusedAllreduce", "layout_name"]
@@ -80,9 +80,14 @@ class FusedAllreduce:
                     np.multiply(arrays[i].reshape(-1), scale, out=dst, casting="unsafe")
                 else:
                     dst[...] = arrays[i].reshape(-1)
-            core.allreduce_(flat, op=Sum if fold else op, prescale_factor=1.0 if fold else prescale_factor,
-                            postscale_factor=postscale_factor, process_set=process_set,
-                            name=layout_name(name, dtype, [arrays[i].shape for i in idx]))
+            tag = layout_name(name, dtype, [arrays[i].shape for i in idx])
+            if op is Adasum:  # one call for the whole list, but coefficients per gradient
+                core.grouped_allreduce_([flat[s // item:s // item + arrays[i].size] for i, s in zip(idx, offsets)],
+                                        op=op, prescale_factor=prescale_factor, postscale_factor=postscale_factor,
+                                        process_set=process_set, name=tag)
+            else:
+                core.allreduce_(flat, op=Sum if fold else op, prescale_factor=1.0 if fold else prescale_factor,
+                                postscale_factor=postscale_factor, process_set=process_set, name=tag)
             for i, start in zip(idx, offsets):
                 n = arrays[i].size
                 outs[i] = flat[start // item:start // item + n].reshape(arrays[i].shape)

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..core.compression import Compression
-from ..core.ops import Average, ReduceOp, Sum, resolve_op
+from ..core.ops import Adasum, Average, ReduceOp, Sum, resolve_op
 from ..core.process_sets import ProcessSet
 
 __all__ = ["Settings", "make_settings"]
@@ -38,9 +38,9 @@ def make_settings(compression: Any, sparse_as_dense: Any, gradient_predivide_fac
                   process_set: Any) -> Settings:
     """Validate Horovod's DistributedOptimizer arguments (errors name the argument and value)."""
     rop = resolve_op(op)
-    if rop not in (Average, Sum):
-        raise ValueError(f"DistributedOptimizer averages or sums gradients. Received: op={rop!r}. "
-                         "HINT: use op=horo.Average (default) or op=horo.Sum.")
+    if rop not in (Average, Sum, Adasum):
+        raise ValueError(f"DistributedOptimizer averages, sums or Adasum-combines gradients. Received: op={rop!r}. "
+                         "HINT: use op=horo.Average (default), op=horo.Sum or op=horo.Adasum.")
     if not hasattr(compression, "compress") or not hasattr(compression, "decompress"):
         raise TypeError(f"compression must be a horo Compressor. Received: compression={compression!r}. "
                         "HINT: use hvd.Compression.none, hvd.Compression.fp16 or hvd.Compression.bf16.")

@@ -16,7 +16,7 @@ import numpy as np
 from .. import core
 from ..core.compression import Compression
 from ..core.dtypes import check_dtype
-from ..core.ops import Average, ReduceOp, Sum, resolve_op
+from ..core.ops import Adasum, Average, ReduceOp, Sum, resolve_op
 from ..core.process_sets import ProcessSet, resolve
 from .fused import FusedAllreduce
 from .half_exchange import WIRE_DTYPES, HalfExchange
@@ -206,7 +206,8 @@ def reduce_gradients(grads: Sequence[Any], *, op: ReduceOp = Average, compressio
 
     Args:
         grads: gradients (tensors, IndexedSlices or None).
-        op: ``horo.Average`` or ``horo.Sum``.
+        op: ``horo.Average``, ``horo.Sum`` or ``horo.Adasum`` (coefficients per gradient; IndexedSlices are
+            densified for it, as Adasum combines whole vectors).
         compression: ``Compression.none`` / ``fp16`` / ``bf16`` or a Compressor for tf tensors.
         prescale_factor: multiply before reducing.
         postscale_factor: multiply after reducing (after the Average division).
@@ -217,9 +218,10 @@ def reduce_gradients(grads: Sequence[Any], *, op: ReduceOp = Average, compressio
         fused: reusable fusion buffers (pass the same one on every step); a new one when None.
     """
     tf = import_tf()
-    if op not in (Average, Sum):
-        raise ValueError(f"Gradients can be averaged or summed only. Received: op={op!r}. "
-                         "HINT: use horo.Average or horo.Sum.")
+    if op not in (Average, Sum, Adasum):
+        raise ValueError(f"Gradients can be averaged, summed or Adasum-combined only. Received: op={op!r}. "
+                         "HINT: use horo.Average, horo.Sum or horo.Adasum.")
+    sparse_as_dense = sparse_as_dense or op is Adasum
     size = set_size(process_set, name)
     if skip_at_size_one and size == 1:
         return list(grads)

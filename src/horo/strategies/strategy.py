@@ -70,6 +70,11 @@ class HoroStrategy(ParallelStrategy):
         gradient_predivide_factor: scale gradients by ``1/f`` before the sum and ``f/size`` after it.
         overlap: start each gradient's allreduce as soon as backward produced it (default). ``False``
             exchanges everything after backward (for comparison).
+        op: how gradients combine: ``horo.Average`` (default), ``horo.Sum`` or ``horo.Adasum``. Adasum here
+            combines the gradients (as ``horo.tensorflow.DistributedGradientTape`` does; coefficients per
+            parameter) before clipping and the optimizer step, so do not scale the learning rate by the
+            size. Horovod's torch delta scheme (optimizer state local, updates combined) is
+            ``horo.torch.DistributedOptimizer(op=horo.Adasum)`` in a plain loop; see docs/adasum.md.
     """
 
     strategy_name = "horo"
@@ -84,11 +89,12 @@ class HoroStrategy(ParallelStrategy):
         compression: type[Compressor] = Compression.none,
         gradient_predivide_factor: float = 1.0,
         overlap: bool = True,
+        op: Any = Average,
     ) -> None:
         super().__init__(accelerator=accelerator, parallel_devices=parallel_devices,
                          cluster_environment=cluster_environment, checkpoint_io=checkpoint_io,
                          precision_plugin=precision_plugin)
-        reduce_op(Average, gradient_predivide_factor, "HoroStrategy")
+        self._op = reduce_op(op, gradient_predivide_factor, "HoroStrategy")[0]
         self._compression = compression
         self._predivide = gradient_predivide_factor
         self._overlap = overlap
@@ -205,7 +211,7 @@ class HoroStrategy(ParallelStrategy):
         if self._exchange is not None:
             self._exchange.remove_hooks()
         self._exchange = GradientExchange(
-            list(self.lightning_module.named_parameters()), compression=self._compression,
+            list(self.lightning_module.named_parameters()), op=self._op, compression=self._compression,
             gradient_predivide_factor=self._predivide, overlap=self._overlap, what="HoroStrategy")
         self._exchange.active = False  # only backward passes run by Lightning exchange gradients
 

@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 from .. import core
-from ..core.ops import Average, ReduceOp, Sum, resolve_op
+from ..core.ops import Adasum, Average, ReduceOp, Sum, resolve_op
 from ..core.process_sets import ProcessSet
 from ..plugins.torch import Staged, stage
 from .compression import Compression, Compressor
@@ -37,9 +37,9 @@ class _InFlight:
 def reduce_op(op: Any, gradient_predivide_factor: float, what: str) -> tuple[ReduceOp, float, float]:
     """Validate op and gradient_predivide_factor; return (op, prescale, postscale) as Horovod splits them."""
     rop = resolve_op(op)
-    if rop not in (Average, Sum):
-        raise ValueError(f"{what} reduces gradients with horo.Average or horo.Sum. Received: op={rop!r}. "
-                         "HINT: use op=horo.Average (the default).")
+    if rop not in (Average, Sum, Adasum):
+        raise ValueError(f"{what} reduces gradients with horo.Average, horo.Sum or horo.Adasum. Received: "
+                         f"op={rop!r}. HINT: use op=horo.Average (the default).")
     f = float(gradient_predivide_factor)
     if f <= 0:
         raise ValueError(f"{what}: gradient_predivide_factor must be positive. Received: "

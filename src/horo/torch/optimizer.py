@@ -10,10 +10,11 @@ from typing import Any
 
 import torch
 
-from ..core.ops import Average
-from ..core.process_sets import ProcessSet
+from ..core.ops import Adasum, Average
+from ..core.process_sets import ProcessSet, resolve
+from .adasum import AdasumDeltas
 from .compression import Compression, Compressor
-from .exchange import GradientExchange
+from .exchange import GradientExchange, reduce_op
 
 __all__ = ["DistributedOptimizer"]
 
@@ -139,7 +140,10 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters: Ite
             positional names are used, which requires the same parameter order on every rank.
         compression: ``Compression.none`` (default), ``Compression.fp16`` or ``Compression.bf16``.
         backward_passes_per_step: exchange only every N-th backward (gradients accumulate locally between).
-        op: ``horo.Average`` (default) or ``horo.Sum``.
+        op: ``horo.Average`` (default), ``horo.Sum`` or ``horo.Adasum``. With Adasum (and more than one rank)
+            the optimizer combines each rank's optimizer *deltas* instead (Horovod's delta scheme, see
+            ``horo.torch.adasum``): optimizer state stays local, do not scale the learning rate by the size,
+            ``synchronize()`` is a no-op and ``skip_synchronize()`` raises.
         gradient_predivide_factor: with Average, scale by ``1/f`` before the sum and ``f/size`` after it.
         num_groups, groups: accepted for Horovod compatibility and not needed: horo's engine fuses the
             gradients that are ready together on its own.
@@ -158,16 +162,22 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters: Ite
                         f"{type(optimizer).__name__}.")
     named = _named(optimizer, named_parameters)
     base = type(optimizer)
-    cls = type(base.__name__, (_DistributedOptimizer, base), {"__module__": __name__})
+    adasum = reduce_op(op, gradient_predivide_factor, _WHAT)[0] is Adasum and \
+        resolve(process_set, _WHAT).size() > 1  # one rank: Adasum is the identity, as in Horovod
+    mixin = AdasumDeltas if adasum else _DistributedOptimizer
+    cls = type(base.__name__, (mixin, base), {"__module__": __name__})
     wrapped = cls.__new__(cls)
     # Share param_groups, state, defaults and hooks; drop a per-instance `step` an LR scheduler may have
     # patched onto the original (it would call the original's step and skip the exchange).
     wrapped.__dict__.update({k: v for k, v in optimizer.__dict__.items() if k != "step"})
+    wrapped._horo_source = optimizer
+    if adasum:
+        wrapped._adasum_setup(named, compression, backward_passes_per_step, process_set, _WHAT)
+        return wrapped
     wrapped._exchange = GradientExchange(
         named, op=op, compression=compression, gradient_predivide_factor=gradient_predivide_factor,
         backward_passes_per_step=backward_passes_per_step, process_set=process_set,
         sparse_as_dense=sparse_as_dense, what=_WHAT)
-    wrapped._horo_source = optimizer
     wrapped._should_synchronize = True
     wrapped._synchronized = False
     return wrapped

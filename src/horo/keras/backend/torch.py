@@ -7,6 +7,7 @@ from typing import Any
 
 import numpy as np
 
+from ...core.ops import Adasum
 from ...plugins.fused import FusedAllreduce
 from ...plugins.grad_settings import Settings
 from ...plugins.half_exchange import WIRE_DTYPES, HalfExchange
@@ -85,7 +86,8 @@ def exchange(grads: Sequence[Any], settings: Settings, fused: FusedAllreduce) ->
         return grads
     wires, ctxs = zip(*(_compress(grads[i].detach(), settings.compression) for i in idx))
     wire_kind = getattr(settings.compression, "wire_dtype", None)
-    half = [k for k, w in enumerate(wires) if wire_kind in WIRE_DTYPES and str(w.dtype) == f"torch.{wire_kind}"]
+    half = [k for k, w in enumerate(wires) if wire_kind in WIRE_DTYPES and str(w.dtype) == f"torch.{wire_kind}"
+            and settings.op is not Adasum]
     rest = sorted(set(range(len(wires))) - set(half))
     outs: dict[int, Any] = {}
     if half:  # summed in float32 by torch; numpy only moves the bytes (see horo.plugins.half_exchange)
