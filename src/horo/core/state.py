@@ -26,6 +26,7 @@ class State:
         self.process_sets: dict[int, ProcessSet] = {}
         self.next_process_set_id = 1
         self.fatal: BaseException | None = None  # set when the engine hit an unrecoverable error
+        self.leaving = False  # inside shutdown(): peers waiting for this rank on a process set must not hang
 
     def reset(self) -> None:
         self.__init__()  # type: ignore[misc]

@@ -43,6 +43,7 @@ from .ops import (
     join,
     poll,
     reducescatter_async,
+    sparse_allreduce_async,
     synchronize,
 )
 from .optimizer import DistributedOptimizer
@@ -57,5 +58,5 @@ __all__ = [
     "broadcast_async_", "broadcast_object", "broadcast_optimizer_state", "broadcast_parameters",
     "grouped_allgather", "grouped_allreduce", "grouped_allreduce_", "grouped_allreduce_async",
     "grouped_allreduce_async_", "grouped_reducescatter", "join", "poll", "reducescatter",
-    "reducescatter_async", "synchronize",
+    "reducescatter_async", "sparse_allreduce_async", "synchronize",
 ]

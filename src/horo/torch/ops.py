@@ -14,8 +14,9 @@ import numpy as np
 import torch
 
 from .. import core
-from ..core.ops import Average
-from ..core.process_sets import ProcessSet
+from ..core.errors import HoroTypeError
+from ..core.ops import Average, Sum, resolve_op
+from ..core.process_sets import ProcessSet, resolve
 from ..plugins.torch import Staged, stage
 
 __all__ = [
@@ -34,6 +35,7 @@ __all__ = [
     "join",
     "poll",
     "reducescatter_async",
+    "sparse_allreduce_async",
     "synchronize",
 ]
 
@@ -173,6 +175,41 @@ def reducescatter_async(tensor: torch.Tensor, op: Any = Average, name: str | Non
     s = stage(tensor, "horo.torch.reducescatter_async")
     h = core.reducescatter_async(s.array, op, name, process_set, prescale_factor, postscale_factor)
     return _track(h, s.wrap)
+
+
+def sparse_allreduce_async(tensor: torch.Tensor, name: str | None, op: Any,
+                           process_set: ProcessSet | None = None) -> Callable[[], torch.Tensor]:
+    """Start an allreduce of a sparse COO tensor by allgathering its indices and values (Horovod's way).
+
+    Returns:
+        A callable handle: calling it waits and returns a sparse tensor whose dense form is the Sum (or
+        Average) of every rank's dense form. Ranks may hold different indices and numbers of entries.
+    """
+    what = "horo.torch.sparse_allreduce_async"
+    if not isinstance(tensor, torch.Tensor) or tensor.layout != torch.sparse_coo:
+        raise HoroTypeError(
+            f"{what} takes a sparse COO tensor. Received: tensor of type {type(tensor).__name__}"
+            f"{f' with layout {tensor.layout}' if isinstance(tensor, torch.Tensor) else ''}. "
+            "HINT: use allreduce_async for dense tensors, or tensor.to_sparse().")
+    rop = resolve_op(op)
+    if rop not in (Sum, Average):
+        raise ValueError(f"{what} supports horo.Sum and horo.Average. Received: op={rop!r}.")
+    ps = resolve(process_set, what)
+    t = tensor.detach()
+    # allgather concatenates dim 0: send indices as (nnz, sparse_dim) rows, turn them back afterwards.
+    h_indices = allgather_async(t._indices().t().contiguous(), None if name is None else f"{name}.indices",
+                                process_set)
+    h_values = allgather_async(t._values().contiguous(), None if name is None else f"{name}.values", process_set)
+
+    def handle() -> torch.Tensor:
+        values = synchronize(h_values)
+        indices = synchronize(h_indices)
+        if rop is Average:
+            n = ps.size()
+            values = values / n if values.is_floating_point() else torch.div(values, n, rounding_mode="trunc")
+        return torch.sparse_coo_tensor(indices.t(), values, t.size(), dtype=values.dtype, device=t.device)
+
+    return handle
 
 
 def barrier(process_set: ProcessSet | None = None) -> None:
