@@ -59,6 +59,6 @@ __all__ = [
     "alltoall", "alltoall_async", "barrier", "broadcast", "broadcast_", "broadcast_async",
     "broadcast_async_", "broadcast_object", "broadcast_optimizer_state", "broadcast_parameters",
     "grouped_allgather", "grouped_allgather_async", "grouped_allreduce", "grouped_allreduce_",
-    "grouped_allreduce_async", "grouped_allreduce_async_", "grouped_reducescatter", "grouped_reducescatter_async", "join", "poll",
-    "reducescatter", "reducescatter_async", "sparse_allreduce_async", "synchronize",
+    "grouped_allreduce_async", "grouped_allreduce_async_", "grouped_reducescatter", "grouped_reducescatter_async",
+    "join", "poll", "reducescatter", "reducescatter_async", "sparse_allreduce_async", "synchronize",
 ]
