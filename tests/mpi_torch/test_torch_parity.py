@@ -251,3 +251,13 @@ def test_reducescatter_argument_order_and_grouped_async_forms(hvd, world, rank):
         assert isinstance(polled, bool)
         assert gathered[0].shape == (sum(r + 1 for r in range(world)), 2) and gathered[1].tolist() == [1.0] * world
     agree(check)
+
+
+def test_broadcast_optimizer_state_takes_horovods_model_argument(hvd, world, rank):
+    model = torch.nn.Linear(2, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1 * (rank + 1), momentum=0.5)
+    hvd.broadcast_optimizer_state(opt, 0, model)  # Horovod's third positional argument is the model
+
+    def check():
+        assert opt.param_groups[0]["lr"] == pytest.approx(0.1)
+    agree(check)
