@@ -255,7 +255,9 @@ def sparse_allreduce_async(tensor: torch.Tensor, name: str | None, op: Any,
         if rop is Average:
             n = ps.size()
             values = values / n if values.is_floating_point() else torch.div(values, n, rounding_mode="trunc")
-        return torch.sparse_coo_tensor(indices.t(), values, t.size(), dtype=values.dtype, device=t.device)
+        # Checked: another rank's indices may not fit this rank's shape (shapes are not negotiated here).
+        return torch.sparse_coo_tensor(indices.t(), values, t.size(), dtype=values.dtype, device=t.device,
+                                       check_invariants=True)
 
     return handle
 
