@@ -7,6 +7,7 @@ on timeout), and checks the exit status and output.
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -115,3 +116,79 @@ def test_stall_is_reported_not_hung(tmp_path):
         horo.shutdown()
     """, timeout=60, env_extra={"HORO_STALL_CHECK_TIME_SECONDS": "1", "HORO_STALL_SHUTDOWN_TIME_SECONDS": "3"})
     assert "STALL-RAISED" in out, f"rc={rc} after {elapsed:.1f} s:\n{out[-4000:]}"
+
+
+# ---------------------------------------------- a rank leaves while its peers wait on a process set (issue 18)
+_STALL_SHUTDOWN_S = 20.0
+
+
+def _left_running(marker: str) -> list[str]:
+    """Processes whose command line mentions ``marker`` (the job's script): none may outlive the job."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                cmd = f.read().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if marker in cmd:
+            found.append(f"{entry}: {cmd[:200]}")
+    return found
+
+
+_LEAVE_SCRIPT = """
+    import sys, time
+    import numpy as np
+    import horo
+    horo.init()
+    n = horo.size()
+    ps = horo.add_process_set([0, 1]) if n > 2 else horo.global_process_set
+    if horo.rank() == 1:
+        print(f"LEAVING {{time.time()}}", flush=True)
+        if "{how}" == "exit":
+            try:
+                assert False, "boom-on-rank-1"
+            except AssertionError:
+                import traceback; traceback.print_exc()
+                sys.exit(3)  # SystemExit never reaches sys.excepthook
+        assert False, "boom-on-rank-1"
+    if horo.rank() == 0:
+        try:
+            if "{kind}" == "allgather":
+                horo.allgather(np.ones((1, 2)), name="left.ag", process_set=ps)
+            elif "{kind}" == "broadcast":
+                horo.broadcast(np.ones(2), root_rank=0, name="left.bc", process_set=ps)
+            else:
+                horo.synchronize(horo.allgather_async(np.ones((1, 2)), name="left.async", process_set=ps))
+        except RuntimeError as exc:
+            print(f"RANK0-RAISED {{type(exc).__name__}}: {{exc}}", flush=True)
+    print(f"RANK{{horo.rank()}}-DONE", flush=True)
+"""
+
+
+@pytest.mark.parametrize("n,kind,how", [
+    (3, "allgather", "uncaught"), (3, "broadcast", "exit"), (3, "async", "uncaught"), (3, "async", "exit"),
+    (2, "async", "uncaught"), (2, "allgather", "exit"),
+])
+def test_rank_leaving_during_a_collective_ends_the_job(tmp_path, n, kind, how):
+    """Rank 1 exits with an exception while rank 0 waits for it in a collective (on the 2-rank process set
+    [0, 1] at 3 ranks, on the global set at 2). With HORO_ABORT_ON_ERROR=0 (or sys.exit) the exception never
+    reaches horo's excepthook, so only the exit-time shutdown can notice: the job must end non-zero within the
+    stall shutdown time, and no rank may be left running. It hung until killed from outside before."""
+    script = _LEAVE_SCRIPT.format(kind=kind, how=how)
+    rc, out, _ = run_job(tmp_path, n, script, timeout=_STALL_SHUTDOWN_S + 60, env_extra={
+        "HORO_ABORT_ON_ERROR": "0", "HORO_STALL_CHECK_TIME_SECONDS": "5",
+        "HORO_STALL_SHUTDOWN_TIME_SECONDS": str(_STALL_SHUTDOWN_S)})
+    ended = time.time()
+    assert rc != 0, f"the job exited 0:\n{out[-4000:]}"
+    assert "boom-on-rank-1" in out, out[-4000:]
+    left = [float(x) for x in re.findall(r"LEAVING (\S+)", out)]
+    assert left, out[-4000:]
+    assert ended - left[0] < _STALL_SHUTDOWN_S, f"ended {ended - left[0]:.1f} s after rank 1 left:\n{out[-4000:]}"
+    if kind == "async":  # the pending op fails with Horovod's shut-down error type; nothing is stuck in MPI
+        assert "RANK0-RAISED HoroInternalError" in out and "shut down" in out, out[-4000:]
+    elif n == 3:  # rank 0 is stuck inside MPI on the process set: the job is aborted, with a reason
+        assert "Aborting the job instead of hanging" in out, out[-4000:]
+    assert not _left_running(str(tmp_path / "job.py")), _left_running(str(tmp_path / "job.py"))

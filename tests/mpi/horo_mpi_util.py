@@ -153,13 +153,20 @@ def reduce_ref(arrays: list[np.ndarray], op: str, prescale: float = 1.0, postsca
             return np.all(stack, axis=0)
         raise ValueError(op)
     if dtype.kind in "iu":
-        stack = np.stack([a.astype(np.int64) for a in arrays])
-        if prescale != 1.0 or postscale != 1.0:
-            raise ValueError("integer scaling has no reference")
+        # Horovod's integer semantics: scale in float64 and truncate toward zero; Average divides truncating
+        # (with a post-scale, it is one float64 multiply by postscale / n, then truncation).
+        stack = np.stack([np.trunc(a.astype(np.float64) * prescale).astype(np.int64) if prescale != 1.0
+                          else a.astype(np.int64) for a in arrays])
+        if postscale != 1.0:
+            total = {"Sum": stack.sum(axis=0), "Average": stack.sum(axis=0), "Min": stack.min(axis=0),
+                     "Max": stack.max(axis=0), "Product": np.prod(stack, axis=0)}[op]
+            factor = postscale / n if op == "Average" else postscale
+            return np.trunc(total.astype(np.float64) * factor).astype(np.int64)
         if op == "Sum":
             return stack.sum(axis=0)
         if op == "Average":
-            return np.floor_divide(stack.sum(axis=0), n)
+            total = stack.sum(axis=0)
+            return np.sign(total) * (np.abs(total) // n)  # C integer division: toward zero
         if op == "Min":
             return stack.min(axis=0)
         if op == "Max":

@@ -70,13 +70,55 @@ def test_deprecated_average_flag(hvd, world, rank, average, op):
 
 
 @pytest.mark.parametrize("dtype", [np.int8, np.int16, np.int32, np.int64])
-def test_integer_average_is_floor_division(hvd, world, rank, dtype):
-    # Sums that are negative and not multiples of the world size: floor, not truncation toward zero.
+def test_integer_average_truncates_toward_zero(hvd, world, rank, dtype):
+    # Sums that are negative and not multiples of the world size: truncation toward zero (C integer
+    # division, as Horovod), not floor: -75 / 2 -> -37.
     base = np.array([-7, -5, -3, -1, 0, 1, 3, 5, 7], dtype=dtype)
     inputs = [(base + (r % 2)).astype(dtype) for r in range(world)]
     out = hvd.allreduce(inputs[rank], op=hvd.Average)
-    expected = np.floor_divide(np.sum([a.astype(np.int64) for a in inputs], axis=0), world)
-    agree(assert_close, out, expected, np.dtype(dtype), world)
+    grouped = hvd.grouped_allreduce([inputs[rank], inputs[rank][:4]], op=hvd.Average)
+    asyn = hvd.synchronize(hvd.allreduce_async(inputs[rank], op=hvd.Average, name=f"trunc.{np.dtype(dtype)}"))
+    total = np.sum([a.astype(np.int64) for a in inputs], axis=0)
+    expected = np.sign(total) * (np.abs(total) // world)
+
+    def _check():
+        for got in (out, grouped[0], asyn):
+            assert_close(got, expected, np.dtype(dtype), world)
+        assert_close(grouped[1], expected[:4], np.dtype(dtype), world)
+    agree(_check)
+
+
+def test_integer_average_horovod_example(hvd, world, rank):
+    """The issue's case: a sum of -75 averaged over 2 ranks is -37 (Horovod), not -38."""
+    x = np.array([-75 if rank == 0 else 0], dtype=np.int32)
+    out = hvd.allreduce(x, op=hvd.Average)
+    agree(lambda: np.testing.assert_array_equal(out, [int(-75 / world)]))
+
+
+@pytest.mark.parametrize("dtype", [np.int32, np.int64, np.uint8])
+@pytest.mark.parametrize("op", ["Sum", "Average", "Max"])
+@pytest.mark.parametrize("pre,post", [(1.5, 1.0), (1.0, 0.5), (2.0, 0.25), (-0.5, 3.0)])
+def test_integer_scale_factors(hvd, world, rank, dtype, op, pre, post):
+    """Integers are scaled in float64 and cast back (truncation), as Horovod does; Average folds 1/size into
+    the post-scale factor. Sync, grouped, async and reducescatter all agree with the reference."""
+    if np.dtype(dtype).kind == "u" and pre < 0:
+        pytest.skip("a negative factor on an unsigned integer has no defined result")
+    inputs = _inputs(40, world, (6,), np.dtype(dtype), op)
+    rop = getattr(hvd, op)
+    out = hvd.allreduce(inputs[rank], op=rop, prescale_factor=pre, postscale_factor=post)
+    grouped = hvd.grouped_allreduce([inputs[rank]], op=rop, prescale_factor=pre, postscale_factor=post)
+    asyn = hvd.synchronize(hvd.allreduce_async(inputs[rank], op=rop, prescale_factor=pre, postscale_factor=post,
+                                               name=f"iscale.{op}.{pre}.{post}"))
+    rows = np.stack([inputs[rank]] * world)  # one row per rank: each rank's slice is one row
+    rs = hvd.reducescatter(rows, op=rop, prescale_factor=pre, postscale_factor=post) if op != "Max" else None
+    expected = reduce_ref(inputs, op, prescale=pre, postscale=post)
+
+    def _check():
+        for got in (out, grouped[0], asyn):
+            assert_close(got, expected, np.dtype(dtype), world, what=op)
+        if rs is not None:
+            assert_close(rs, expected[None, :], np.dtype(dtype), world, what="reducescatter")
+    agree(_check)
 
 
 def test_bool_ops_are_logical(hvd, world, rank):

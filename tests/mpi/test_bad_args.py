@@ -147,3 +147,33 @@ def test_process_set_without_this_rank(hvd, world, rank, multi):
         hvd.remove_process_set(ps)
     out = hvd.allreduce(np.ones(2), op=hvd.Sum)
     agree(np.testing.assert_array_equal, out, np.full(2, float(world)))
+
+
+# ------------------------------------------------------- Horovod's exception types still catch (issue 18)
+def test_float_splits_catch_as_horovods_value_error_too(hvd, world):
+    """horo's TypeError for float splits is also a ValueError, which Horovod raises there."""
+    x = np.ones((world, 2))
+    msg = _expect(hvd, lambda: hvd.alltoall(x, splits=[1.0] * world), ValueError, "splits")
+    del msg
+    _expect(hvd, lambda: hvd.alltoall(x, splits=[1.0] * world), TypeError, "splits")
+
+
+@pytest.mark.parametrize("form", ["reducescatter", "reducescatter_async", "grouped_reducescatter"])
+def test_reducescatter_adasum_catches_as_runtime_error_too(hvd, world, form):
+    """Horovod's core refuses reducescatter(op=Adasum) with a RuntimeError; horo's ValueError is one too."""
+    x = np.ones((world, 2), np.float32)
+    calls = {
+        "reducescatter": lambda: hvd.reducescatter(x, op=hvd.Adasum),
+        "reducescatter_async": lambda: hvd.reducescatter_async(x, op=hvd.Adasum),
+        "grouped_reducescatter": lambda: hvd.grouped_reducescatter([x], op=hvd.Adasum),
+    }
+    for exc_type in (RuntimeError, ValueError):
+        _expect(hvd, calls[form], exc_type, "Adasum")
+
+
+def test_horovod_internal_error_is_exported(hvd):
+    import horo
+
+    agree(lambda: (horo.HorovodInternalError is horo.HoroInternalError
+                   and issubclass(horo.HorovodInternalError, RuntimeError)) or (_ for _ in ()).throw(
+        AssertionError("horo.HorovodInternalError is not HoroInternalError")))

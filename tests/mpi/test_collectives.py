@@ -239,6 +239,72 @@ def test_join_returns_last_rank(hvd, world, rank):
     agree(np.testing.assert_array_equal, out, np.full(3, float(world)))
 
 
+def test_join_returns_the_last_joiner_after_async_allreduces(hvd, world, rank, multi):
+    """The highest rank joins first; the others then run async allreduces (the joined rank contributes zeros)
+    and join one after another, rank 0 last. Every join() returns 0 (issue 18: it returned the first joiner)."""
+    hi = world - 1
+    got: list = []
+    if rank == hi:
+        last = hvd.join()
+    else:
+        # Completes only once the engine has seen rank `hi` joined: so `hi` joined in an earlier round.
+        got.append(hvd.synchronize(hvd.allreduce_async(np.full(2, rank + 1.0), op=hvd.Sum, name="join.last.a")))
+        if rank == 0:
+            # Completes only once every other rank is seen joined: rank 0 then joins strictly last.
+            got.append(hvd.synchronize(hvd.allreduce_async(np.full(2, 7.0), op=hvd.Sum, name="join.last.b")))
+        last = hvd.join()
+    lasts = sync_comm().allgather(int(last))
+
+    def _check():
+        assert lasts == [0] * world, f"join() returned {lasts} on ranks 0..{world - 1}; rank 0 joined last"
+        if rank != hi:
+            np.testing.assert_array_equal(got[0], np.full(2, float(sum(r + 1 for r in range(hi)))))
+        if rank == 0:
+            np.testing.assert_array_equal(got[1], np.full(2, 7.0))
+
+    agree(_check)
+    out = hvd.allreduce(np.ones(3), op=hvd.Sum)
+    agree(np.testing.assert_array_equal, out, np.full(3, float(world)))
+
+
+def test_non_allreduce_while_a_rank_is_joined_raises_on_callers_only(hvd, world, rank, multi):
+    """While rank `hi` is joined, allgather / broadcast (sync and async) raise MismatchError on the calling
+    ranks only; `hi`'s join() completes with the same result as everyone's, and the job goes on."""
+    from horo.core.errors import MismatchError
+
+    hi = world - 1
+    errors: list = []
+    total = None
+    if rank == hi:
+        last = hvd.join()
+    else:
+        calls = [
+            lambda: hvd.allgather(np.ones((1, 2)), name="joined.ag"),
+            lambda: hvd.broadcast(np.ones(2), root_rank=0, name="joined.bc"),
+            lambda: hvd.synchronize(hvd.allgather_async(np.ones((1, 2)), name="joined.ag.async")),
+            lambda: hvd.synchronize(hvd.broadcast_async(np.ones(2), root_rank=0, name="joined.bc.async")),
+        ]
+        for call in calls:
+            try:
+                call()
+                errors.append(None)
+            except MismatchError as exc:
+                errors.append(str(exc))
+        total = hvd.allreduce(np.ones(2), op=hvd.Sum, name="joined.after")  # still served by hi's zeros
+        last = hvd.join()
+    lasts = sync_comm().allgather(int(last))
+
+    def _check():
+        assert len(set(lasts)) == 1 and lasts[0] != hi, f"join() returned {lasts}"
+        if rank != hi:
+            assert all(e is not None and "join" in e for e in errors), errors
+            np.testing.assert_array_equal(total, np.full(2, float(world - 1)))
+
+    agree(_check)
+    out = hvd.allgather(np.full((1, 2), float(rank)), name="joined.done")
+    agree(np.testing.assert_array_equal, out, np.repeat(np.arange(world, dtype=float), 2).reshape(world, 2))
+
+
 # -------------------------------------------------------------------------------------- objects
 def _obj(r: int):
     return {"rank": r, "name": f"r{r}", "nested": [r, (r, "x"), {"k": r * 1.5}], "arr": np.arange(r + 1)}

@@ -31,7 +31,14 @@ from .collectives import (
     reducescatter,
 )
 from .compression import Compression
-from .errors import HoroError, HoroInternalError, MismatchError, NotInitializedError, StallError
+from .errors import (
+    HoroError,
+    HoroInternalError,
+    HorovodInternalError,
+    MismatchError,
+    NotInitializedError,
+    StallError,
+)
 from .ops import Adasum, Average, Max, Min, Product, ReduceOp, Sum
 from .process_sets import ProcessSet, add_process_set, global_process_set, remove_process_set
 from .runtime import (
@@ -65,6 +72,7 @@ __all__ = [
     "ReduceOp", "Average", "Sum", "Min", "Max", "Product", "Adasum",
     "ProcessSet", "add_process_set", "remove_process_set", "global_process_set",
     "HoroError", "NotInitializedError", "MismatchError", "StallError", "HoroInternalError",
+    "HorovodInternalError",
     "start_timeline", "stop_timeline",
 ]
 # What every framework facade re-exports (see horo._facade): runtime, ops, errors, process sets, timeline.

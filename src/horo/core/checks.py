@@ -8,6 +8,7 @@ from typing import Any
 import numpy as np
 
 from .dtypes import BFLOAT16, as_host_array
+from .errors import HoroTypeError, HoroValueError
 from .ops import Adasum, Average, ReduceOp, resolve_op
 from .process_sets import ProcessSet
 
@@ -38,9 +39,12 @@ def scale_arg(value: Any, arg: str, what: str) -> float:
 def reduce_args(arr: np.ndarray, op: Any, average: Any, prescale: Any, postscale: Any, what: str,
                 allowed: tuple[ReduceOp, ...] | None = None) -> tuple[ReduceOp, float, float]:
     """Resolve and check op and scale factors against the dtype."""
-    rop = resolve_op(op, average)
+    if allowed is not None and op is Adasum:  # before resolve_op, which may accept Adasum for allreduce
+        rop = op
+    else:
+        rop = resolve_op(op, average)
     if allowed is not None and rop not in allowed:
-        raise ValueError(
+        raise HoroValueError(  # Horovod's C++ core refuses it: RuntimeError there
             f"{what} supports only {', '.join(repr(a) for a in allowed)}. Received: op={rop!r}. "
             "HINT: use horo.Sum or horo.Average."
         )
@@ -56,10 +60,11 @@ def reduce_args(arr: np.ndarray, op: Any, average: Any, prescale: Any, postscale
             f"{what}: Average is not defined for bool. Received: op=horo.Average, tensor.dtype=bool. "
             "HINT: use horo.Sum (logical or), horo.Min (logical and) or cast to a number."
         )
-    if arr.dtype.kind in "iub" and (pre != 1.0 or post != 1.0):
-        raise ValueError(
-            f"{what}: scale factors need a floating dtype. Received: prescale_factor={pre}, "
-            f"postscale_factor={post}, tensor.dtype={arr.dtype}. HINT: cast to float first."
+    # Integers are scaled in float64 and truncated, as Horovod does (see scaling); bool has no scaling.
+    if arr.dtype == np.bool_ and (pre != 1.0 or post != 1.0):
+        raise HoroValueError(
+            f"{what}: scale factors are not defined for bool. Received: prescale_factor={pre}, "
+            f"postscale_factor={post}, tensor.dtype=bool. HINT: cast to a number first."
         )
     return rop, pre, post
 
@@ -98,7 +103,7 @@ def splits_arg(splits: Any, arr: np.ndarray, n: int, what: str) -> np.ndarray:
     except TypeError:
         s = np.asarray(splits)
     if s.dtype.kind not in "iu" or s.ndim != 1:
-        raise TypeError(
+        raise HoroTypeError(  # Horovod raises ValueError here: catches as either
             f"{what}: splits must be a 1-D sequence of ints. Received: splits={splits!r}. "
             f"HINT: one row count per rank of the set ({n} entries), e.g. splits=[2, 1]."
         )

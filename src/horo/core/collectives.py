@@ -284,26 +284,40 @@ def barrier(process_set: ProcessSet | None = None) -> None:
 def join() -> int:
     """Leave training early: contribute zeros to the other ranks' allreduces until all ranks have joined.
 
+    While this rank is joined, another rank's allgather, broadcast or other non-allreduce collective raises
+    MismatchError on the calling ranks only; this rank stays joined.
+
     Returns:
-        The rank that joined last.
+        The rank that joined last, the same on every rank.
     """
     ps = resolve(None, "horo.join")
 
-    # The engine serves the other ranks' async allreduces meanwhile; this thread serves synchronous ones.
-    engine_join = threading.Thread(target=ps.engine.join, name="horo-join", daemon=True)
+    # The engine serves the other ranks' async allreduces meanwhile, and orders the joins; this thread serves
+    # synchronous collectives.
+    outcome: list[Any] = []
+
+    def engine_side() -> None:
+        try:
+            outcome.append(ps.engine.join())
+        except BaseException as exc:  # noqa: BLE001 - re-raised on the caller's thread below
+            outcome.append(exc)
+
+    engine_join = threading.Thread(target=engine_side, name="horo-join", daemon=True)
     engine_join.start()
-    fresh = 1
     while True:
-        payloads, sigs = exchange(ps.comm, JOIN, payload=fresh)
-        fresh = 0
+        _, sigs = exchange(ps.comm, JOIN)
         if sigs is None:
-            late = [r for r in range(ps.size()) if payloads[r] == 1]
             engine_join.join()
-            return ps.ranks[max(late)] if late else ps.ranks[-1]
+            if outcome and isinstance(outcome[0], BaseException):
+                raise outcome[0]
+            last = outcome[0] if outcome and outcome[0] >= 0 else ps.size() - 1
+            return ps.ranks[last]
         active = [s for s in sigs if s != JOIN]
-        if not (all(s == active[0] for s in active) and joinable(active[0])):
-            raise MismatchError(format_mismatch(sigs, ps.ranks))
-        _contribute_zeros(ps.comm, dict(active[0]))
+        if any(dict(s).get("collective") == "shutdown" for s in active):
+            raise MismatchError(format_mismatch(sigs, ps.ranks))  # a rank left: nothing more to wait for
+        if all(s == active[0] for s in active) and joinable(active[0]):
+            _contribute_zeros(ps.comm, dict(active[0]))
+        # Otherwise the calling ranks raise MismatchError in agree(); this rank simply stays joined.
 
 
 def _contribute_zeros(comm: Any, fields: dict[str, Any]) -> None:

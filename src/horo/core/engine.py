@@ -30,13 +30,17 @@ from . import mpi_ops
 from .config import config
 from .errors import HoroError, HoroInternalError, MismatchError, StallError
 from .fault import is_process_failure, process_failure
-from .negotiation import JOIN, Signature, format_mismatch, joinable
+from .negotiation import BLOCKED, JOIN, Signature, format_mismatch, joinable
 from .ops import ReduceOp
+from .state import state
 from .timeline import timeline
 
 __all__ = ["Engine", "Request", "submit", "poll", "synchronize", "auto_name"]
 
-_SHUTDOWN, _UNCACHED, _STALLED, _JOINED = 1, 2, 4, 8
+_SHUTDOWN, _UNCACHED, _STALLED, _JOINED, _LEAVING = 1, 2, 4, 8, 16
+# Flags bits 8-23: 1 + id of the process set whose agreement this rank's caller waits in (0: none); bits 24-55:
+# that agreement's sequence number, so the same wait seen in two rounds is known to be one wait.
+_BLOCKED_SHIFT, _SEQ_SHIFT = 8, 24
 _HDR = 2  # flags, round-entry wall time (µs); then the bit vector
 _AUTO = ".noname."
 
@@ -96,7 +100,10 @@ class Engine:
         self.joined = False  # this rank is inside horo.join(): contribute zeros to others' allreduces
         self.join_done = threading.Event()
         self.absent: set[int] = set()  # joined ranks in the current round
+        self.join_round: dict[int, int] = {}  # round in which each joined rank was first seen joined
+        self.last_joined = -1  # set when every rank has joined: the one seen last (ties: the highest)
         self.error: BaseException | None = None
+        self.stuck_since: dict[tuple[int, int, int], float] = {}  # (rank, set id, seq) -> first seen stuck
         self._fusion: dict[np.dtype, np.ndarray] = {}
         self.thread = threading.Thread(target=self._main, name=f"horo-engine-{ranks[:4]}", daemon=True)
         self.thread.start()
@@ -119,8 +126,13 @@ class Engine:
             self.pending[req.name] = req
             self.cv.notify()
 
-    def join(self) -> None:
-        """Contribute zeros to the other ranks' async allreduces until every rank has joined."""
+    def join(self) -> int:
+        """Contribute zeros to the other ranks' async allreduces until every rank has joined.
+
+        Returns:
+            The set rank (index in ``ranks``) that joined last, the same on every rank: rounds are numbered
+            alike everywhere, so "the round a rank was first seen joined" orders the joins identically.
+        """
         self.join_done.clear()
         with self.cv:
             self.joined = True
@@ -128,6 +140,7 @@ class Engine:
         while not self.join_done.wait(0.5):
             if not self.thread.is_alive():
                 raise self.error or HoroInternalError("horo's engine stopped during join().")
+        return self.last_joined
 
     def stop(self) -> None:
         """Agree with the other ranks to stop; waits until all of them have asked for it."""
@@ -149,8 +162,6 @@ class Engine:
                 err = exc if isinstance(exc, HoroError) else HoroInternalError(
                     f"horo's background engine failed: {type(exc).__name__}: {exc}")
             if isinstance(err, StallError):
-                from .state import state
-
                 state.fatal = err  # every later horo call on this rank raises it too
             self._fail_all(err)
 
@@ -205,14 +216,19 @@ class Engine:
             hdr[_HDR:] = np.packbits(bits, bitorder="little").view(np.int64)
         hdr[1] = int(time.time() * 1e6)  # wall clock: comparable across nodes, enough for "who was late"
         hdr[0] = ((_SHUTDOWN if shutting else 0) | (_UNCACHED if uncached else 0)
-                  | (_STALLED if self.stall_flag else 0) | (_JOINED if self.joined else 0))
+                  | (_STALLED if self.stall_flag else 0) | (_JOINED if self.joined else 0)
+                  | (_LEAVING if state.leaving else 0) | _blocked_word())
         recv = np.empty((self.n, _HDR + words), dtype=np.int64)
         self._wait(self.comm.Iallgather(hdr, recv))
         flags = recv[:, 0]
         entered = recv[:, 1]
         self.late_now = [self.ranks[r] for r in np.nonzero(entered > entered.min() + 1000)[0].tolist()]
         self.absent = set(np.nonzero(flags & _JOINED)[0].tolist())
+        for r in self.absent:
+            self.join_round.setdefault(r, self.round_no)
         if len(self.absent) == self.n:  # everyone has joined: leave join mode in this same round everywhere
+            self.last_joined = max(self.join_round, key=lambda r: (self.join_round[r], r))
+            self.join_round = {}
             self.joined = False
             self.absent = set()
             self.join_done.set()
@@ -220,6 +236,9 @@ class Engine:
         if (flags & _STALLED).any():
             raise StallError(self._stall_message(stopping=True))
         ready, mismatched, partial = self._match(recv[:, _HDR:], gathered)
+        leaving = np.nonzero(flags & _LEAVING)[0].tolist()
+        if leaving:
+            self._peers_left(flags, leaving, partial)
         for name, sigs in mismatched:
             req = self.pending.get(name)
             if req is not None:
@@ -391,6 +410,52 @@ class Engine:
                 timeline.span(r.name, "MEMCPY_OUT_FUSION_BUFFER", t2, t3)
             r.finish(r.out)
 
+    # ---- peers that left ---------------------------------------------------------------------------
+    def _peers_left(self, flags: np.ndarray, leaving: list[int], partial: dict[str, set[int]]) -> None:
+        """Some ranks are in shutdown(): nothing still waiting for them can ever complete.
+
+        This rank's own async collectives that miss a leaving rank fail now (HoroInternalError, as Horovod's
+        shut-down error). A rank whose caller waits in a synchronous agreement on a process set that has a
+        leaving member is stuck inside MPI, beyond any error: once the same wait is seen for
+        ``_STUCK_GRACE_S``, the job is aborted (the leaving rank's world agreement would never meet it).
+        """
+        gone = [self.ranks[r] for r in leaving]
+        for name, present in partial.items():
+            missing = [self.ranks[r] for r in leaving if r not in present]
+            with self.cv:
+                req = self.pending.pop(name, None) if missing else None
+            if req is not None:
+                req.finish(error=HoroInternalError(
+                    f"horo: rank(s) {missing} shut down (horo.shutdown() or process exit) while {name!r} was "
+                    "waiting for them. HINT: every rank must finish its collectives before any rank shuts down."))
+        now = time.monotonic()
+        seen: set[tuple[int, int, int]] = set()
+        for r in range(self.n):
+            word = int(flags[r])
+            set_id = ((word >> _BLOCKED_SHIFT) & 0xFFFF) - 1
+            if set_id <= 0:  # not waiting, or waiting in the world set, where a leaving rank meets it
+                continue
+            ps = state.process_sets.get(set_id)
+            absent = [self.ranks[g] for g in leaving if g != r and ps is not None and self.ranks[g] in ps.ranks]
+            if not absent:
+                continue
+            key = (r, set_id, word >> _SEQ_SHIFT)
+            seen.add(key)
+            # The first leaving rank ends the job: its message then surely reaches the launcher first.
+            if now - self.stuck_since.setdefault(key, now) >= _STUCK_GRACE_S and self.me == min(leaving):
+                sys.stderr.write(
+                    f"horo: rank {self.ranks[r]} waits in a collective on process set {set_id} (ranks "
+                    f"{ps.ranks if ps is not None else '?'}) for rank(s) {absent}, which left (shutdown or exit, "
+                    f"e.g. after an exception; leaving: {gone}). Aborting the job instead of hanging.\n")
+                sys.stderr.flush()
+                time.sleep(0.3)  # let the launcher forward the message before the job is torn down
+                from mpi4py import MPI
+
+                MPI.COMM_WORLD.Abort(1)
+        for key in list(self.stuck_since):
+            if key not in seen:
+                del self.stuck_since[key]
+
     # ---- stall inspector -------------------------------------------------------------------------
     def _inspect(self, partial: dict[str, set[int]], ran: list[str]) -> None:
         for name in ran:
@@ -426,6 +491,20 @@ class Engine:
         return ("horo: stall shutdown: collectives were submitted by some ranks but not by others for more than "
                 f"HORO_STALL_SHUTDOWN_TIME_SECONDS={self.stall_shutdown_s:g}: {', '.join(parts) or '?'}. "
                 "HINT: every rank must submit the same named collectives.")
+
+
+_STUCK_GRACE_S = 2.0  # a wait seen unchanged this long is stuck, not a collective about to finish
+
+
+def _blocked_word() -> int:
+    """The flag bits saying in which set's agreement this rank's caller waits (see _BLOCKED_SHIFT)."""
+    comm = BLOCKED.comm
+    if comm is None:
+        return 0
+    for set_id, ps in list(state.process_sets.items()):
+        if ps.comm is comm:
+            return ((set_id + 1) << _BLOCKED_SHIFT) | ((BLOCKED.seq & 0xFFFFFFFF) << _SEQ_SHIFT)
+    return 0
 
 
 # ---- handles -------------------------------------------------------------------------------------

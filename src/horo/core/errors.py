@@ -8,6 +8,9 @@ __all__ = [
     "MismatchError",
     "StallError",
     "HoroInternalError",
+    "HorovodInternalError",
+    "HoroTypeError",
+    "HoroValueError",
 ]
 
 
@@ -32,3 +35,17 @@ class StallError(HoroError):
 
 class HoroInternalError(HoroError):
     """The communication layer failed; the job (or elastic state) must be restarted."""
+
+
+# Horovod's name, for user code that catches it (``except hvd.HorovodInternalError``).
+HorovodInternalError = HoroInternalError
+
+
+class HoroTypeError(TypeError, ValueError):
+    """A wrong argument type where Horovod raises ValueError: catches as either (e.g. float alltoall splits,
+    an unsupported tensor dtype or layout)."""
+
+
+class HoroValueError(ValueError, RuntimeError):
+    """A bad argument value where Horovod raises RuntimeError (from its C++ core): catches as either
+    (e.g. ``reducescatter(op=Adasum)``)."""

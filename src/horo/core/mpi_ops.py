@@ -17,6 +17,7 @@ from . import adasum, half
 from .config import config
 from .dtypes import needs_upcast
 from .ops import Adasum, Average, Max, Min, Product, ReduceOp, Sum
+from .scaling import finish_reduction, scale_into
 
 __all__ = ["ALIGN", "empty", "aligned_view", "allreduce_into", "allgather", "broadcast_into", "alltoall",
            "reducescatter", "scatter_counts"]
@@ -58,13 +59,7 @@ def _typed(arr: np.ndarray) -> list[Any]:
 
 def _finish(buf: np.ndarray, op: ReduceOp, size: int, postscale: float) -> None:
     """Average and post-scale a reduced buffer in place."""
-    if op is Average:
-        if buf.dtype.kind == "f":
-            np.divide(buf, size, out=buf)
-        else:
-            np.floor_divide(buf, size, out=buf)
-    if postscale != 1.0:
-        np.multiply(buf, postscale, out=buf, casting="unsafe")
+    finish_reduction(np, buf, op, size, postscale)
 
 
 def allreduce_into(comm: Any, send: np.ndarray, out: np.ndarray, op: ReduceOp,
@@ -95,7 +90,7 @@ def allreduce_into(comm: Any, send: np.ndarray, out: np.ndarray, op: ReduceOp,
             _allreduce_16bit(comm, src[s:s + step], dst[s:s + step], op, prescale, postscale)
         return out
     if prescale != 1.0:
-        np.multiply(src, prescale, out=dst, casting="unsafe")
+        scale_into(np, src, prescale, dst)
         inplace = True
     mpi_op = _mpi_op(op, out.dtype)
     step = max(1, chunk // out.dtype.itemsize)
@@ -258,7 +253,7 @@ def reducescatter(comm: Any, send: np.ndarray, op: ReduceOp, prescale: float = 1
     upcast = needs_upcast(send.dtype)
     work = _widen(np.ascontiguousarray(send), send.dtype == np.float16) if upcast else send
     if prescale != 1.0:
-        work = work * prescale if work is send else np.multiply(work, prescale, out=work)
+        work = scale_into(np, work, prescale, np.empty_like(work) if work is send else work)
     out = empty((int(rows[rank]),) + send.shape[1:], work.dtype)
     comm.Reduce_scatter(_typed(np.ascontiguousarray(work)), _typed(out), recvcounts=rows * row_elems,
                         op=_mpi_op(op, work.dtype))

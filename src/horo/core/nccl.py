@@ -12,7 +12,8 @@ agreed across ranks (see ``device_collectives``), and they move data between GPU
   the device except the host hop of the hierarchical allreduce.
 * NCCL has no bool, no 16-bit integers and (before 2.10) no bfloat16: :func:`reduce_plan` maps every dtype
   horo supports onto what NCCL can reduce. Data movement (allgather, broadcast, alltoall) is bytewise.
-* Average is a Sum followed by a division on the device (floor division for integers), like ``mpi_ops``.
+* Average is a Sum followed by a division on the device (truncating for integers, see ``scaling``), like
+  ``mpi_ops``.
 
 CuPy is imported lazily: importing this module never needs CuPy, a GPU or MPI, and the pure helpers
 (unique-id normalisation, dtype plans, layouts, bfloat16 bit conversions) are unit-tested on CPU.
@@ -35,6 +36,7 @@ import numpy as np
 from .dtypes import BFLOAT16
 from .errors import HoroError, HoroInternalError
 from .ops import Average, Max, Min, Product, ReduceOp, Sum
+from .scaling import finish_reduction, scale_into
 
 __all__ = [
     "NCCL_DTYPE_CODES",
@@ -268,18 +270,6 @@ def f32_to_bf16_bits(xp: Any, values: Any) -> Any:
     rounded = (u + (((u >> 16) & 1) + 0x7FFF)) >> 16
     nan = (u & 0x7FFFFFFF) > 0x7F800000
     return xp.where(nan, (u >> 16) | 0x0040, rounded).astype(xp.uint16)
-
-
-def finish_reduction(xp: Any, buf: Any, op: ReduceOp, size: int, postscale: float) -> Any:
-    """Average (sum / size; floor division for integers) and post-scale a reduced buffer in place."""
-    if op is Average:
-        if buf.dtype.kind == "f":
-            xp.divide(buf, size, out=buf)
-        else:
-            xp.floor_divide(buf, size, out=buf)
-    if postscale != 1.0:
-        xp.multiply(buf, postscale, out=buf)
-    return buf
 
 
 def hierarchical_requested(environ: dict[str, str] | None = None) -> bool:
@@ -613,7 +603,7 @@ def _prescale(cupy: Any, work: Any, logical: np.dtype, plan: ReducePlan, pre: fl
     if plan.cast == "bf16":
         work[...] = f32_to_bf16_bits(cupy, bf16_bits_to_f32(cupy, work) * pre)
     else:
-        cupy.multiply(work, pre, out=work)
+        scale_into(cupy, work, pre, work)
 
 
 def _finish(cupy: Any, work: Any, logical: np.dtype, plan: ReducePlan, op: ReduceOp, size: int,

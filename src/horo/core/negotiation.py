@@ -18,11 +18,21 @@ import numpy as np
 from .errors import MismatchError
 from .ops import Average, Sum
 
-__all__ = ["Signature", "JOIN", "agree", "exchange", "format_mismatch", "joinable"]
+__all__ = ["Signature", "JOIN", "BLOCKED", "agree", "exchange", "format_mismatch", "joinable"]
 
 Signature = tuple  # tuple of (field, value) pairs, hashable and picklable
 
 JOIN: Signature = (("collective", "join"),)
+
+class _Blocked:
+    """Which communicator the caller's thread waits in for an agreement, read by the engines' rounds: a peer
+    that leaves (shutdown, exit) while another rank waits for it here on a process set would hang the job."""
+
+    comm: Any = None
+    seq = 0  # counts agreements, so a wait seen twice is known to be the same wait
+
+
+BLOCKED = _Blocked()
 
 _HASHES: dict[Signature, int] = {}
 _CACHE_LIMIT = 1 << 16
@@ -65,7 +75,12 @@ def exchange(comm: Any, sig: Signature, payload: int = 0) -> tuple[list[int], li
     send, recv = _buffers(comm)
     send[0] = h
     send[1] = payload
-    comm.Allgather(send, recv)
+    BLOCKED.seq += 1
+    BLOCKED.comm = comm
+    try:
+        comm.Allgather(send, recv)
+    finally:
+        BLOCKED.comm = None
     values = recv.tolist()
     payloads = values[1::2]
     if values[0::2].count(h) == len(payloads):

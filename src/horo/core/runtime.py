@@ -161,8 +161,14 @@ def shutdown() -> None:
     from .timeline import timeline
 
     if state.fatal is None and state.failed is None:
-        # A rank still issuing collectives meets this one here and both raise, instead of hanging.
-        agree(state.world, (("collective", "shutdown"),), ranks=global_process_set.ranks)
+        # A rank still issuing collectives meets this one here and both raise, instead of hanging. One waiting
+        # on a process set never meets it: the engines see this rank leaving and end that wait (engine.py).
+        state.leaving = True
+        try:
+            agree(state.world, (("collective", "shutdown"),), ranks=global_process_set.ranks)
+        except BaseException:
+            state.leaving = False  # still initialised: the caller may go on
+            raise
     if state.failed is not None:
         # Peers died: freeing communicators could wait on them. Drop everything locally instead.
         timeline.stop()

@@ -28,6 +28,7 @@ class State:
         self.fatal: BaseException | None = None  # set when the engine hit an unrecoverable error
         # Set when a peer process died (ULFM): collectives raise it until horo.elastic rebuilds the world.
         self.failed: BaseException | None = None
+        self.leaving = False  # inside shutdown(): peers waiting for this rank on a process set must not hang
 
     def reset(self) -> None:
         self.__init__()  # type: ignore[misc]

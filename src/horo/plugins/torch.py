@@ -21,6 +21,7 @@ except ImportError as exc:  # pragma: no cover - depends on the installed extras
     ) from exc
 
 from ..core.dtypes import BFLOAT16
+from ..core.errors import HoroTypeError
 
 __all__ = ["SUPPORTED_DTYPES", "Staged", "check_tensor", "stage", "to_tensor"]
 
@@ -42,13 +43,13 @@ def check_tensor(tensor: Any, what: str, arg: str = "tensor") -> torch.Tensor:
             "HINT: wrap values with torch.as_tensor(...), or use broadcast_object/allgather_object for Python "
             "objects."
         )
-    if tensor.layout != torch.strided:
-        raise TypeError(
+    if tensor.layout != torch.strided:  # Horovod raises ValueError for both: HoroTypeError catches as either
+        raise HoroTypeError(
             f"{what} supports dense tensors only. Received: {arg}.layout={tensor.layout}. "
             "HINT: call .to_dense() first."
         )
     if tensor.dtype not in SUPPORTED_DTYPES:
-        raise TypeError(
+        raise HoroTypeError(
             f"{what}: unsupported dtype. Received: {arg}.dtype={tensor.dtype}. HINT: supported dtypes are "
             f"{_NAMES}; cast first (complex: torch.view_as_real)."
         )

@@ -38,12 +38,15 @@ from .ops import (
     broadcast_,
     broadcast_async,
     broadcast_async_,
+    grouped_allgather_async,
     grouped_allreduce_,
     grouped_allreduce_async,
     grouped_allreduce_async_,
+    grouped_reducescatter_async,
     join,
     poll,
     reducescatter_async,
+    sparse_allreduce_async,
     synchronize,
 )
 from .optimizer import DistributedOptimizer
@@ -56,7 +59,7 @@ __all__ = [
     "allgather_async", "allgather_object", "allreduce", "allreduce_", "allreduce_async", "allreduce_async_",
     "alltoall", "alltoall_async", "barrier", "broadcast", "broadcast_", "broadcast_async",
     "broadcast_async_", "broadcast_object", "broadcast_optimizer_state", "broadcast_parameters",
-    "grouped_allgather", "grouped_allreduce", "grouped_allreduce_", "grouped_allreduce_async",
-    "grouped_allreduce_async_", "grouped_reducescatter", "join", "poll", "reducescatter",
-    "reducescatter_async", "synchronize",
+    "grouped_allgather", "grouped_allgather_async", "grouped_allreduce", "grouped_allreduce_",
+    "grouped_allreduce_async", "grouped_allreduce_async_", "grouped_reducescatter", "grouped_reducescatter_async",
+    "join", "poll", "reducescatter", "reducescatter_async", "sparse_allreduce_async", "synchronize",
 ]

@@ -23,15 +23,22 @@ from ..core.ops import Adasum, Average, ReduceOp, Sum, resolve_op
 from ..core.process_sets import ProcessSet
 from ..plugins.torch import Staged, stage
 from .compression import Compression, Compressor
+from .ops import sparse_allreduce_async
 
 __all__ = ["GradientExchange"]
 
 
 class _InFlight:
-    __slots__ = ("ctx", "grad", "handle", "staged", "wire")
+    """One parameter's exchange: an in-place allreduce (``handle`` an int), or for a sparse gradient a
+    callable handle from ``sparse_allreduce_async``. ``sparse_dim`` is set when a sparse gradient travels
+    dense (``sparse_as_dense``) and must be made sparse again for the wrapped optimizer."""
 
-    def __init__(self, handle: int, grad: torch.Tensor, wire: torch.Tensor, staged: Staged, ctx: Any) -> None:
+    __slots__ = ("ctx", "grad", "handle", "sparse_dim", "staged", "wire")
+
+    def __init__(self, handle: Any, grad: torch.Tensor, wire: torch.Tensor | None, staged: Staged | None,
+                 ctx: Any, sparse_dim: int | None = None) -> None:
         self.handle, self.grad, self.wire, self.staged, self.ctx = handle, grad, wire, staged, ctx
+        self.sparse_dim = sparse_dim
 
 
 def reduce_op(op: Any, gradient_predivide_factor: float, what: str) -> tuple[ReduceOp, float, float]:
@@ -62,7 +69,8 @@ class GradientExchange:
         process_set: the ranks that average their gradients.
         overlap: start each exchange from its hook (True) or only in ``synchronize()`` (False: no overlap,
             for comparison).
-        sparse_as_dense: exchange sparse gradients (e.g. from ``nn.Embedding(sparse=True)``) as dense ones.
+        sparse_as_dense: exchange sparse gradients (e.g. from ``nn.Embedding(sparse=True)``) as dense ones
+            (and hand them back sparse); by default they are allgathered as indices and values.
     """
 
     def __init__(self, named_parameters: Sequence[tuple[str, torch.Tensor]], *, op: Any = Average,
@@ -78,6 +86,8 @@ class GradientExchange:
         self.what = what
         self.names: dict[torch.Tensor, str] = {p: n for n, p in named_parameters}
         self.params: list[torch.Tensor] = list(dict.fromkeys(p for _, p in named_parameters))
+        # A rank outside the process set takes purely local steps, as in Horovod: no hooks, no exchange.
+        self.included = process_set is None or process_set.included()
         self.set_backward_passes_per_step(backward_passes_per_step)
         self.inflight: dict[torch.Tensor, _InFlight] = {}
         self.hooks: dict[torch.Tensor, Any] = {}
@@ -104,6 +114,8 @@ class GradientExchange:
             if fn is not None:
                 fn(p)
 
+        if not self.included:
+            return
         for p in self.params:
             if p.requires_grad and p not in self.hooks:
                 self.hooks[p] = p.register_post_accumulate_grad_hook(hook)
@@ -132,19 +144,37 @@ class GradientExchange:
             self.inflight[p] = self._submit(p)
 
     def _submit(self, p: torch.Tensor) -> _InFlight:
+        sparse_dim = None
         if p.grad is None:
             p.grad = torch.zeros_like(p)
         elif p.grad.is_sparse:
-            if not self.sparse_as_dense:
-                raise TypeError(f"{self.what}: the gradient of {self.names[p]!r} is sparse. Received: a sparse "
-                                "gradient. HINT: pass sparse_as_dense=True to exchange it as a dense tensor.")
+            if not self.sparse_as_dense:  # Horovod's default: allgather indices and values (no compression)
+                handle = sparse_allreduce_async(p.grad, self.names[p], self.op, self.process_set)
+                return _InFlight(handle, p.grad, None, None, None)
+            sparse_dim = p.grad.sparse_dim()
             p.grad = p.grad.to_dense()
         grad = p.grad
         wire, ctx = self.compression.compress(grad)
         staged = stage(wire, self.what, self.names[p])
         handle = core.allreduce_async_(staged.array, name=self.names[p], op=self.op, prescale_factor=self.prescale,
                                        postscale_factor=self.postscale, process_set=self.process_set)
-        return _InFlight(handle, grad, wire, staged, ctx)
+        return _InFlight(handle, grad, wire, staged, ctx, sparse_dim)
+
+    @staticmethod
+    def _finish(p: torch.Tensor, f: _InFlight, decompress: Any) -> None:
+        """Write one finished exchange into ``p.grad``."""
+        if f.staged is None:  # sparse: the callable handle returns the aggregated sparse gradient
+            aggregated = f.handle()
+            with torch.no_grad():
+                p.grad.zero_().add_(aggregated)  # sparse tensors have no set_(); keeps the grad object
+            return
+        core.synchronize(f.handle)
+        f.staged.commit()
+        if f.wire is not f.grad:
+            with torch.no_grad():
+                f.grad.copy_(decompress(f.wire, f.ctx))
+        if f.sparse_dim is not None:  # the wrapped optimizer (e.g. SparseAdam) needs a sparse gradient back
+            p.grad = f.grad.to_sparse(f.sparse_dim)
 
     @property
     def pending(self) -> bool:
@@ -152,6 +182,9 @@ class GradientExchange:
 
     def synchronize(self) -> None:
         """Submit what this rank has not submitted yet, wait for everything, write averaged gradients back."""
+        if not self.included:
+            self.fresh = False
+            return
         first_error: BaseException | None = None
         try:
             for p in self.params:
@@ -160,13 +193,9 @@ class GradientExchange:
         except BaseException as exc:  # noqa: BLE001 - still drain what is in flight below
             first_error = exc
         t0 = time.perf_counter()
-        for f in self.inflight.values():
+        for p, f in self.inflight.items():
             try:
-                core.synchronize(f.handle)
-                f.staged.commit()
-                if f.wire is not f.grad:
-                    with torch.no_grad():
-                        f.grad.copy_(self.compression.decompress(f.wire, f.ctx))
+                self._finish(p, f, self.compression.decompress)
             except BaseException as exc:  # noqa: BLE001
                 first_error = first_error or exc
         self.wait_seconds += time.perf_counter() - t0
@@ -184,7 +213,7 @@ class GradientExchange:
         for f in self.inflight.values():
             if wait:
                 with contextlib.suppress(Exception):  # the result is discarded anyway
-                    core.synchronize(f.handle)
+                    f.handle() if f.staged is None else core.synchronize(f.handle)
         self.inflight.clear()
         self.fresh = False
         for p in self.params:

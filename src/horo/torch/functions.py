@@ -23,7 +23,7 @@ import torch
 from torch.autograd.function import FunctionCtx
 
 from .. import core
-from ..core.ops import Average, Sum, resolve_op
+from ..core.ops import Average, ReduceOp, Sum, resolve_op
 from ..core.process_sets import ProcessSet
 from ..plugins.torch import stage
 from .compression import Compression, Compressor
@@ -202,18 +202,29 @@ class _Reducescatter(torch.autograd.Function):
         return full, None, None, None, None, None
 
 
-def reducescatter(tensor: torch.Tensor, op: Any = Average, name: str | None = None,
-                  process_set: ProcessSet | None = None, prescale_factor: float = 1.0,
-                  postscale_factor: float = 1.0, compression: type[Compressor] = Compression.none) -> torch.Tensor:
+def _name_op(name: Any, op: Any) -> tuple[str | None, Any]:
+    """Horovod's order puts ``name`` second; a reduce op passed there (horo's earlier order) is taken as op."""
+    if isinstance(name, ReduceOp):
+        return None, name
+    return name, op
+
+
+def reducescatter(tensor: torch.Tensor, name: str | None = None, compression: type[Compressor] = Compression.none,
+                  op: Any = Average, process_set: ProcessSet | None = None, prescale_factor: float = 1.0,
+                  postscale_factor: float = 1.0) -> torch.Tensor:
     """Reduce over the ranks, then keep this rank's rows of dim 0 (the first dim0 % size ranks get one more).
-    Differentiable."""
+    Differentiable. Arguments in Horovod's order (``name`` second)."""
+    name, op = _name_op(name, op)
     wire, cctx = compression.compress(tensor)
     out = _Reducescatter.apply(wire, op, name, process_set, prescale_factor, postscale_factor)
     return compression.decompress(out, cctx)
 
 
-def grouped_reducescatter(tensors: Sequence[torch.Tensor], op: Any = Average, name: str | None = None,
+def grouped_reducescatter(tensors: Sequence[torch.Tensor], name: str | None = None,
+                          compression: type[Compressor] = Compression.none, op: Any = Average,
                           process_set: ProcessSet | None = None, prescale_factor: float = 1.0,
                           postscale_factor: float = 1.0) -> list[torch.Tensor]:
-    return [reducescatter(t, op, None if name is None else f"{name}.{i}", process_set, prescale_factor,
+    """``reducescatter`` of each tensor (arguments in Horovod's order). Differentiable."""
+    name, op = _name_op(name, op)
+    return [reducescatter(t, None if name is None else f"{name}.{i}", compression, op, process_set, prescale_factor,
                           postscale_factor) for i, t in enumerate(tensors)]

@@ -14,8 +14,9 @@ import numpy as np
 import torch
 
 from .. import core
-from ..core.ops import Average
-from ..core.process_sets import ProcessSet
+from ..core.errors import HoroTypeError
+from ..core.ops import Average, ReduceOp, Sum, resolve_op
+from ..core.process_sets import ProcessSet, resolve
 from ..plugins.torch import Staged, stage
 
 __all__ = [
@@ -28,12 +29,15 @@ __all__ = [
     "broadcast_",
     "broadcast_async",
     "broadcast_async_",
+    "grouped_allgather_async",
     "grouped_allreduce_",
     "grouped_allreduce_async",
     "grouped_allreduce_async_",
+    "grouped_reducescatter_async",
     "join",
     "poll",
     "reducescatter_async",
+    "sparse_allreduce_async",
     "synchronize",
 ]
 
@@ -47,17 +51,60 @@ def _track(handle: int, finish: Callable[[Any], Any]) -> int:
     return handle
 
 
+_groups: dict[int, list[int]] = {}  # a grouped handle (its first member's id) -> all member handles
+
+
 def poll(handle: int) -> bool:
     """True when the operation behind ``handle`` has finished (``synchronize`` will not block)."""
-    return core.poll(handle)
+    with _lock:
+        members = _groups.get(handle) if isinstance(handle, int) else None
+    return all(core.poll(h) for h in members) if members is not None else core.poll(handle)
 
 
 def synchronize(handle: int) -> Any:
     """Wait for the operation behind ``handle``; returns its tensor(s), raising its error if it failed."""
     with _lock:
+        members = _groups.pop(handle, None) if isinstance(handle, int) else None
+    if members is not None:
+        results: list[Any] = []
+        first_error: BaseException | None = None
+        for h in members:  # wait for every member, even after a failure: none is left in flight
+            try:
+                results.append(synchronize(h))
+            except BaseException as exc:  # noqa: BLE001 - re-raised once all are done
+                first_error = first_error or exc
+        if first_error is not None:
+            raise first_error
+        return results
+    with _lock:
         finish = _finishers.pop(handle, None) if isinstance(handle, int) else None
     result = core.synchronize(handle)
     return finish(result) if finish is not None else result
+
+
+def _group(handles: list[int]) -> int:
+    with _lock:
+        _groups[handles[0]] = handles
+    return handles[0]
+
+
+def grouped_allgather_async(tensors: Sequence[torch.Tensor], name: str | None = None,
+                            process_set: ProcessSet | None = None) -> int:
+    """Start an allgather of each tensor; ``synchronize`` returns the list of results (Horovod's API)."""
+    _stage_all(tensors, "horo.torch.grouped_allgather_async")  # checks every tensor before any is submitted
+    return _group([allgather_async(t, None if name is None else f"{name}.{i}", process_set)
+                   for i, t in enumerate(tensors)])
+
+
+def grouped_reducescatter_async(tensors: Sequence[torch.Tensor], name: str | None = None, op: Any = Average,
+                                process_set: ProcessSet | None = None, prescale_factor: float = 1.0,
+                                postscale_factor: float = 1.0) -> int:
+    """Start a reducescatter of each tensor; ``synchronize`` returns the list of results (Horovod's API)."""
+    if isinstance(name, ReduceOp):
+        name, op = None, name
+    _stage_all(tensors, "horo.torch.grouped_reducescatter_async")
+    return _group([reducescatter_async(t, None if name is None else f"{name}.{i}", op, process_set, prescale_factor,
+                                       postscale_factor) for i, t in enumerate(tensors)])
 
 
 def _splits(splits: Any) -> Any:
@@ -167,12 +214,52 @@ def alltoall_async(tensor: torch.Tensor, splits: Any = None, name: str | None = 
     return _track(core.alltoall_async(s.array, _splits(splits), name, process_set), _alltoall_result(s))
 
 
-def reducescatter_async(tensor: torch.Tensor, op: Any = Average, name: str | None = None,
+def reducescatter_async(tensor: torch.Tensor, name: str | None = None, op: Any = Average,
                         process_set: ProcessSet | None = None, prescale_factor: float = 1.0,
                         postscale_factor: float = 1.0) -> int:
+    """Start a reducescatter (Horovod's argument order, ``name`` second); ``synchronize`` returns this rank's rows."""
+    if isinstance(name, ReduceOp):  # horo's earlier order: (tensor, op, ...)
+        name, op = None, name
     s = stage(tensor, "horo.torch.reducescatter_async")
     h = core.reducescatter_async(s.array, op, name, process_set, prescale_factor, postscale_factor)
     return _track(h, s.wrap)
+
+
+def sparse_allreduce_async(tensor: torch.Tensor, name: str | None, op: Any,
+                           process_set: ProcessSet | None = None) -> Callable[[], torch.Tensor]:
+    """Start an allreduce of a sparse COO tensor by allgathering its indices and values (Horovod's way).
+
+    Returns:
+        A callable handle: calling it waits and returns a sparse tensor whose dense form is the Sum (or
+        Average) of every rank's dense form. Ranks may hold different indices and numbers of entries.
+    """
+    what = "horo.torch.sparse_allreduce_async"
+    if not isinstance(tensor, torch.Tensor) or tensor.layout != torch.sparse_coo:
+        raise HoroTypeError(
+            f"{what} takes a sparse COO tensor. Received: tensor of type {type(tensor).__name__}"
+            f"{f' with layout {tensor.layout}' if isinstance(tensor, torch.Tensor) else ''}. "
+            "HINT: use allreduce_async for dense tensors, or tensor.to_sparse().")
+    rop = resolve_op(op)
+    if rop not in (Sum, Average):
+        raise ValueError(f"{what} supports horo.Sum and horo.Average. Received: op={rop!r}.")
+    ps = resolve(process_set, what)
+    t = tensor.detach()
+    # allgather concatenates dim 0: send indices as (nnz, sparse_dim) rows, turn them back afterwards.
+    h_indices = allgather_async(t._indices().t().contiguous(), None if name is None else f"{name}.indices",
+                                process_set)
+    h_values = allgather_async(t._values().contiguous(), None if name is None else f"{name}.values", process_set)
+
+    def handle() -> torch.Tensor:
+        values = synchronize(h_values)
+        indices = synchronize(h_indices)
+        if rop is Average:
+            n = ps.size()
+            values = values / n if values.is_floating_point() else torch.div(values, n, rounding_mode="trunc")
+        # Checked: another rank's indices may not fit this rank's shape (shapes are not negotiated here).
+        return torch.sparse_coo_tensor(indices.t(), values, t.size(), dtype=values.dtype, device=t.device,
+                                       check_invariants=True)
+
+    return handle
 
 
 def barrier(process_set: ProcessSet | None = None) -> None:

@@ -61,9 +61,10 @@ class _DistributedOptimizer:
                 if closure is None or self._exchange.fresh:
                     self.synchronize()
             else:
+                # Horovod's phrase first, so warning filters written for Horovod still match.
                 warnings.warn(
-                    "optimizer.step() was called after optimizer.synchronize() outside "
-                    "optimizer.skip_synchronize(): the gradients are not exchanged a second time. HINT: wrap "
+                    "optimizer.step() called without optimizer.skip_synchronize() context after "
+                    "optimizer.synchronize(): the gradients are not exchanged a second time. HINT: wrap "
                     "step() in `with optimizer.skip_synchronize():` after an explicit synchronize().",
                     stacklevel=2,
                 )
@@ -147,8 +148,10 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters: Ite
         gradient_predivide_factor: with Average, scale by ``1/f`` before the sum and ``f/size`` after it.
         num_groups, groups: accepted for Horovod compatibility and not needed: horo's engine fuses the
             gradients that are ready together on its own.
-        sparse_as_dense: exchange sparse gradients as dense tensors (otherwise they raise TypeError).
-        process_set: the ranks to average over (default: all).
+        sparse_as_dense: exchange sparse gradients as dense tensors, handed back to the wrapped optimizer
+            sparse again; by default sparse gradients are allgathered as indices and values (as in Horovod).
+        process_set: the ranks to average over (default: all). A rank outside the set takes purely local
+            steps, as in Horovod, so every rank may wrap its optimizer the same way.
 
     Raises:
         ValueError: bad names (not pairs, duplicates, or optimizer parameters left unnamed), or bad options.
@@ -171,6 +174,7 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters: Ite
     # patched onto the original (it would call the original's step and skip the exchange).
     wrapped.__dict__.update({k: v for k, v in optimizer.__dict__.items() if k != "step"})
     wrapped._horo_source = optimizer
+    wrapped._parameter_names = {p: n for n, p in named}  # Horovod's private {param: name}; user code reads it
     if adasum:
         wrapped._adasum_setup(named, compression, backward_passes_per_step, process_set, _WHAT)
         return wrapped

@@ -91,12 +91,16 @@ def _fill(obj: Any, tensors: list[torch.Tensor]) -> Any:
     return obj
 
 
-def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int,
+def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int, model: Any = None,
                               process_set: ProcessSet | None = None) -> None:
     """Give every rank root_rank's optimizer state (hyper-parameters included).
 
     A rank whose state is empty gets the root's state created; an empty state on the root empties the others
     (no dummy step is taken, so e.g. Adam's step count is not advanced).
+
+    Args:
+        model: accepted in Horovod's third position (Horovod uses it to find sparse parameters for its
+            dummy step); not needed here, as no dummy step is taken.
     """
     what = "horo.torch.broadcast_optimizer_state"
     if not isinstance(optimizer, torch.optim.Optimizer):
