@@ -5,6 +5,7 @@ Each benchmark is a module ``horo.bench.NAME`` with ``main(argv) -> int``:
 - ``allreduce``: horo.allreduce (out-of-place, in-place, async) vs raw mpi4py ``Allreduce``, 4 B .. 64 MiB.
 - ``fusion``: a ResNet-50 gradient set through the engine vs raw MPI, torch.distributed (gloo) and
   grouped_allreduce; ``--sweep`` tries several fusion thresholds.
+- ``autotune``: the engine tunes its own knobs from a bad start; compared with a grid search in the same run.
 - ``gpu``: GPU buffers: horo's NCCL path vs raw NCCL and host staging (also ``allreduce --gpu``).
 - ``keras``, ``lightning``: end-to-end training throughput with the framework facades.
 
@@ -24,6 +25,7 @@ for _var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
 BENCHES: dict[str, str] = {
     "allreduce": "horo.allreduce vs raw mpi4py Allreduce over message sizes (latency, algbw, busbw)",
     "fusion": "ResNet-50 gradient set: engine fusion vs raw MPI, gloo and grouped_allreduce",
+    "autotune": "ResNet-50 gradient set: autotune from 64 MiB fusion vs a fusion x cycle-time grid search",
     "gpu": "GPU allreduce: horo's NCCL path vs raw NCCL vs host staging (needs cupy and a GPU)",
     "keras": "Keras training throughput with horo.keras",
     "lightning": "PyTorch Lightning training throughput with horo.lightning",

@@ -67,18 +67,19 @@ def _finish(buf: np.ndarray, op: ReduceOp, size: int, postscale: float) -> None:
 
 
 def allreduce_into(comm: Any, send: np.ndarray, out: np.ndarray, op: ReduceOp,
-                   prescale: float = 1.0, postscale: float = 1.0) -> np.ndarray:
+                   prescale: float = 1.0, postscale: float = 1.0, chunk_bytes: int | None = None) -> np.ndarray:
     """Reduce ``send`` across ``comm`` into ``out`` (both C-contiguous, same shape; may be the same array).
 
     Arrays above 8 x ``HORO_CHUNK_BYTES`` go in pieces of that size (the same on every rank, see config),
-    which keeps each MPI call cache-sized; 16-bit floats go through ``_allreduce_16bit``.
+    which keeps each MPI call cache-sized; 16-bit floats go through ``_allreduce_16bit``. ``chunk_bytes``
+    overrides that size (the engine's own, possibly autotuned, value; it must be equal on every rank).
     """
     if MPI is None:
         _load()
     size = comm.Get_size()
     inplace = send is out  # every in-place caller passes the same object
     src, dst = send.reshape(-1), out.reshape(-1)
-    chunk = max(1, config.int("HORO_CHUNK_BYTES"))
+    chunk = max(1, config.int("HORO_CHUNK_BYTES") if chunk_bytes is None else chunk_bytes)
     if send.nbytes <= 8 * chunk:  # mid-size arrays: one call is faster than pieces (measured)
         chunk = max(chunk, send.nbytes)
     if needs_upcast(send.dtype):
