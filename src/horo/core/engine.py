@@ -219,7 +219,7 @@ class Engine:
             hdr[_HDR + tune:] = np.packbits(bits, bitorder="little").view(np.int64)
         if tune and self.tuner is not None:
             k = self.tuner.current
-            hdr[_HDR:_HDR + _TUNE] = (self.tuner.seq, k.fusion_threshold, int(k.cycle_time_ms * 1000),
+            hdr[_HDR:_HDR + _TUNE] = (self.tuner.seq, k.fusion_threshold, round(k.cycle_time_ms * 1000),
                                       k.chunk_bytes, int(k.cache_enabled))
         hdr[1] = int(time.time() * 1e6)  # wall clock: comparable across nodes, enough for "who was late"
         hdr[0] = ((_SHUTDOWN if shutting else 0) | (_UNCACHED if uncached else 0)
