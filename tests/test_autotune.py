@@ -109,6 +109,23 @@ def test_search_holds_fixed_knobs_and_stops_after_the_budget() -> None:
     lo, hi = CONTINUOUS["fusion_threshold"]
     assert all(from_unit("fusion_threshold", 0) <= x.fusion_threshold <= 2 ** hi for x in seen)
     assert s.best[0].cache_enabled and s.phase == "done"
+    assert s.best[0] in seen and s.best[0].fusion_threshold < 8 << 20  # the made-up peak is at 1 MiB
+
+
+def test_best_is_rated_by_the_model_not_by_one_lucky_trial() -> None:
+    pytest.importorskip("sklearn")
+    s = Search(Knobs(1 << 20, 50.0, 1 << 20, True), {"cycle_time_ms": 50.0, "cache_enabled": 1.0}, 9, noise=0.8)
+    rng = __import__("numpy").random.default_rng(0)
+    k: Knobs | None = s.first()
+    lucky = None
+    while k is not None:
+        # True score 100 below 2 MiB fusion, 60 above; one trial above is a lucky 130.
+        score = (100 if k.fusion_threshold < 2 << 20 else 60) + rng.normal(0, 5)
+        if lucky is None and k.fusion_threshold > 8 << 20:
+            lucky, score = k, 130.0
+        k = s.tell(k, float(score))
+    assert lucky is not None and max(s.history, key=lambda kv: kv[1])[0] == lucky
+    assert s.best[0] != lucky and s.best[0].fusion_threshold < 2 << 20, (s.best, s.history)
 
 
 # ---- real jobs ------------------------------------------------------------------------------------------------
@@ -174,9 +191,9 @@ def test_settings_change_at_the_same_round_everywhere_and_results_match_untuned(
     assert [t["phase"] for t in trials][-1] == "best" and len(trials) == 6 + 1 + 1, trials
     assert all(not r["tuning"] for r in tuned)
     assert tuned[0]["frozen_at"] is not None and tuned[0]["frozen_at"] <= STEPS - 10, tuned[0]
-    best = max(trials[:-1], key=lambda t: t["score"])
-    assert trials[-1]["knobs"] == best["knobs"] and logs[0][-1][1] == best["knobs"]
-    assert all(r["knobs"] == best["knobs"] for r in tuned)
+    best = trials[-1]["knobs"]  # a tried setting (the one the GP rates highest), frozen everywhere
+    assert best in [t["knobs"] for t in trials[:-1]] and logs[0][-1][1] == best
+    assert all(r["knobs"] == best for r in tuned)
     assert len(logs[0]) == len(trials)  # one change per trial, the last one the frozen best; none afterwards
     # The log: Horovod's columns + horo's, one row per trial, the best last.
     rows = read_log(log)
@@ -187,7 +204,7 @@ def test_settings_change_at_the_same_round_everywhere_and_results_match_untuned(
                 bool(int(row["cache_enabled"]))) == (k["fusion_threshold"], k["cycle_time_ms"], k["chunk_bytes"],
                                                      k["cache_enabled"])
         assert row["hierarchical_allreduce"] == "0" and row["hierarchical_allgather"] == "0"
-    assert float(rows[-1]["score"]) == max(float(r["score"]) for r in rows[:-1])
+    assert float(rows[-1]["score"]) > 0
     # The timeline marks each trial.
     marks = [e for e in json.loads(timeline.read_text()) if str(e.get("name", "")).startswith("TRIAL")]
     assert len(marks) == len(trials) - 1 and all("score" in e["args"] for e in marks)

@@ -103,7 +103,19 @@ class Search:
 
     @property
     def best(self) -> tuple[Knobs, float]:
-        return max(self.history, key=lambda kv: kv[1])
+        """The tried setting to keep, with its estimated score.
+
+        Settings of the continuous search are rated by the Gaussian process's posterior mean at the point
+        rather than by their own score: on a noisy machine the highest single trial is often a lucky draw
+        (Horovod keeps the raw maximum). The other value of an on/off knob, tried once, keeps its score.
+        """
+        est = dict(self.history)  # knobs -> score (a setting tried twice keeps its last score)
+        fit = self._fit(self.start.cache_enabled)
+        if fit is not None:
+            gp, x, hist, mu, sd = fit
+            for (k, _), m in zip(hist, gp.predict(x) * sd + mu):
+                est[k] = float(m)
+        return max(est.items(), key=lambda kv: kv[1])
 
     def first(self) -> Knobs:
         return self.points[0]
@@ -126,7 +138,7 @@ class Search:
             self.phase = "bayes"
             return self._propose()
         # On/off knobs: each other value once, at the best setting so far.
-        tried = {(k.cache_enabled) for k, _ in self.history}
+        tried = {k.cache_enabled for k, _ in self.history}
         for knob in self.categorical:
             if knob == "cache_enabled" and len(tried) < 2:
                 self.phase = "categorical"
@@ -135,23 +147,36 @@ class Search:
         self.phase = "done"
         return None
 
-    def _propose(self) -> Knobs:
-        gpr_cls, kernels, minimize, norm = self._gp or load_gp()
-        d = len(self.dims)
-        best_cache = self.best[0].cache_enabled
-        hist = [(k, s) for k, s in self.history if k.cache_enabled == best_cache]
+    def _fit(self, cache_on: bool) -> tuple[Any, np.ndarray, list[tuple[Knobs, float]], float, float] | None:
+        """The Gaussian process over the continuous trials with the cache ``cache_on``, or None (< 3 trials).
+
+        Returns (gp, unit-cube points, their trials, mean, std): the GP models standardised scores.
+        """
+        hist = [(k, s) for k, s in self.history if k.cache_enabled == cache_on]
+        if not self.dims or len(hist) < 3:
+            return None
+        gpr_cls, kernels, _, _ = self._gp or load_gp()
         x = np.array([[to_unit(dim, getattr(k, dim)) for dim in self.dims] for k, _ in hist])
         y = np.array([s for _, s in hist], dtype=np.float64)
-        if len(y) >= 3 and y.std() > 0:  # standardise, so the noise level means the same at any scale
-            y = (y - y.mean()) / y.std()
+        mu, sd = float(y.mean()), float(y.std()) or 1.0  # standardise: the noise level means the same at any scale
         kernel = kernels.ConstantKernel(1.0, (1e-2, 1e2)) * kernels.Matern(
-            length_scale=np.full(d, 0.3), length_scale_bounds=(0.05, 10.0), nu=2.5)
+            length_scale=np.full(len(self.dims), 0.3), length_scale_bounds=(0.05, 10.0), nu=2.5)
         gp = gpr_cls(kernel=kernel, alpha=self.noise, n_restarts_optimizer=2, random_state=0)
         import warnings
 
         with warnings.catch_warnings():  # few noisy points: bound warnings on the kernel fit are expected
             warnings.simplefilter("ignore")
-            gp.fit(x, y)
+            gp.fit(x, (y - mu) / sd)
+        return gp, x, hist, mu, sd
+
+    def _propose(self) -> Knobs:
+        _, _, minimize, norm = self._gp or load_gp()
+        d = len(self.dims)
+        best_cache = self.start.cache_enabled
+        fit = self._fit(best_cache)
+        if fit is None:
+            return self._knobs(dict(zip(self.dims, self.rng.random(d).tolist())))
+        gp, x = fit[0], fit[1]
         incumbent = float(gp.predict(x).max())  # noisy scores: compare with the model, not the raw best
         xi = 0.01
 
