@@ -2,14 +2,15 @@
 
     hororun -np 2 python -m horo.bench autotune [--start-fusion 64MiB] [--steps-per-sample 5]
         [--warmup-samples 1] [--max-samples 20] [--noise 0.8] [--grid-fusion LIST] [--grid-cycle LIST]
-        [--repeats 5] [--iters 3] [--log FILE] [--plot FILE.png] [--json FILE]
+        [--grid-chunk LIST] [--repeats 5] [--iters 3] [--log FILE] [--plot FILE.png] [--json FILE]
 
 1. Tuning: horo starts with ``HORO_AUTOTUNE=1`` from a deliberately bad setting (64 MiB fusion, given as
    ``HORO_AUTOTUNE_START`` so the knob stays tunable) and runs engine steps (the 161 ResNet-50 gradients,
    ``allreduce_async_`` by name, then synchronize) until the tuner freezes its best setting. The trajectory
    (score of every trial) is printed and, with ``--plot``, drawn (needs matplotlib: ``horo[bench]``).
 2. Steady state, interleaved in one loop so that machine noise hits all alike: the frozen setting, every
-   point of the grid fusion threshold x cycle time (chunk size at its default), and raw mpi4py (one
+   point of the grid fusion threshold x cycle time (x chunk size with ``--grid-chunk``; default: the
+   default chunk only), and raw mpi4py (one
    ``Allreduce`` of a buffer of the same size). Each sample re-initialises horo with that setting (autotune
    off), runs one step to negotiate, then times ``--iters`` steps; the slowest rank's time counts.
 
@@ -45,6 +46,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--noise", type=float, default=0.8, help="Gaussian process noise (default 0.8)")
     p.add_argument("--grid-fusion", default="256KiB,1MiB,4MiB,16MiB,64MiB", help="grid fusion thresholds")
     p.add_argument("--grid-cycle", default="1,10,50", help="grid cycle times in ms")
+    p.add_argument("--grid-chunk", default="", help="grid chunk sizes (default: HORO_CHUNK_BYTES's value only)")
     p.add_argument("--repeats", type=int, default=5, help="steady-state samples per variant (default 5)")
     p.add_argument("--iters", type=int, default=3, help="steps per steady-state sample (default 3)")
     p.add_argument("--max-steps", type=int, default=3000, help="give up tuning after this many steps")
@@ -72,6 +74,7 @@ def main(argv: list[str]) -> int:
         start = parse_size(args.start_fusion)
         grid_fusion = [parse_size(s) for s in args.grid_fusion.split(",") if s.strip()]
         grid_cycle = [float(s) for s in args.grid_cycle.split(",") if s.strip()]
+        grid_chunk: list[int | None] = [parse_size(s) for s in args.grid_chunk.split(",") if s.strip()] or [None]
     except ValueError as exc:
         print(f"horo.bench autotune: {exc}", file=sys.stderr)
         return 2
@@ -135,7 +138,11 @@ def main(argv: list[str]) -> int:
     variants: dict[str, dict[str, str] | None] = {"autotuned": _knob_env(frozen_knobs)}
     for f in grid_fusion:
         for c in grid_cycle:
-            variants[f"grid {fmt_size(f)} / {c:g} ms"] = {"HORO_FUSION_THRESHOLD": str(f), "HORO_CYCLE_TIME": repr(c)}
+            for ch in grid_chunk:
+                env = {"HORO_FUSION_THRESHOLD": str(f), "HORO_CYCLE_TIME": repr(c)}
+                if ch is not None:
+                    env["HORO_CHUNK_BYTES"] = str(ch)
+                variants[f"grid {fmt_size(f)} / {c:g} ms" + (f" / chunk {fmt_size(ch)}" if ch else "")] = env
     variants["raw-one-buffer"] = None
     names = list(variants)
     samples = np.zeros((len(names), args.repeats))
