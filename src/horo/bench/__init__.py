@@ -6,6 +6,7 @@ Each benchmark is a module ``horo.bench.NAME`` with ``main(argv) -> int``:
 - ``fusion``: a ResNet-50 gradient set through the engine vs raw MPI, torch.distributed (gloo) and
   grouped_allreduce; ``--sweep`` tries several fusion thresholds.
 - ``adasum``: the same gradient set with op=Adasum against op=Average, and the bytes Adasum moves.
+- ``autotune``: the engine tunes its own knobs from a bad start; compared with a grid search in the same run.
 - ``gpu``: GPU buffers: horo's NCCL path vs raw NCCL and host staging (also ``allreduce --gpu``).
 - ``keras``, ``lightning``: end-to-end training throughput with the framework facades.
 
@@ -26,6 +27,7 @@ BENCHES: dict[str, str] = {
     "allreduce": "horo.allreduce vs raw mpi4py Allreduce over message sizes (latency, algbw, busbw)",
     "fusion": "ResNet-50 gradient set: engine fusion vs raw MPI, gloo and grouped_allreduce",
     "adasum": "ResNet-50 gradient set: op=Adasum vs op=Average, and the bytes each rank moves",
+    "autotune": "ResNet-50 gradient set: autotune from 64 MiB fusion vs a fusion x cycle-time grid search",
     "gpu": "GPU allreduce: horo's NCCL path vs raw NCCL vs host staging (needs cupy and a GPU)",
     "keras": "Keras training throughput with horo.keras",
     "lightning": "PyTorch Lightning training throughput with horo.lightning",

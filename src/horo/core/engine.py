@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from . import mpi_ops
+from .autotune.settings import Knobs
 from .config import config
 from .errors import HoroError, HoroInternalError, MismatchError, StallError
 from .fault import is_process_failure, process_failure
@@ -37,11 +38,12 @@ from .timeline import timeline
 
 __all__ = ["Engine", "Request", "submit", "poll", "synchronize", "auto_name"]
 
-_SHUTDOWN, _UNCACHED, _STALLED, _JOINED, _LEAVING = 1, 2, 4, 8, 16
+_SHUTDOWN, _UNCACHED, _STALLED, _JOINED, _LEAVING, _TUNED = 1, 2, 4, 8, 16, 32
 # Flags bits 8-23: 1 + id of the process set whose agreement this rank's caller waits in (0: none); bits 24-55:
 # that agreement's sequence number, so the same wait seen in two rounds is known to be one wait.
 _BLOCKED_SHIFT, _SEQ_SHIFT = 8, 24
-_HDR = 2  # flags, round-entry wall time (µs); then the bit vector
+_HDR = 2  # flags, round-entry wall time (µs); then, while autotuning, _TUNE words; then the bit vector
+_TUNE = 5  # rank 0's current setting: sequence number, fusion bytes, cycle time (µs), chunk bytes, cache on
 _AUTO = ".noname."
 
 
@@ -72,7 +74,7 @@ class Request:
 class Engine:
     """The per-process-set background thread; see the module docstring."""
 
-    def __init__(self, comm: Any, ranks: list[int]) -> None:
+    def __init__(self, comm: Any, ranks: list[int], autotune: bool = False, tuner: Any = None) -> None:
         self.comm = comm
         self.ranks = ranks
         self.n = comm.Get_size()
@@ -85,6 +87,15 @@ class Engine:
         self.capacity = config.int("HORO_CACHE_CAPACITY")
         self.threshold = config.int("HORO_FUSION_THRESHOLD")
         self.idle_s = max(config["HORO_CYCLE_TIME"], 0.1) / 1000.0
+        self.chunk = config.int("HORO_CHUNK_BYTES")
+        self.cache_on = self.capacity > 0
+        self.knobs = self.configured_knobs()
+        # Autotune (see core/autotune): every rank carries _TUNE header words while ``tuning``; only rank 0
+        # has a ``tuner``. ``knob_log`` records (round, knobs) of every change, for tests and the bench.
+        self.tuning = autotune
+        self.tuner = tuner
+        self.knob_seq = 0
+        self.knob_log: list[tuple[int, Knobs]] = []
         self.busy_cap_s = 2e-4
         self.spin_s = 2e-4  # poll this long before backing off (peers usually arrive together)
         self.stall_check_s = config["HORO_STALL_CHECK_TIME_SECONDS"]
@@ -107,6 +118,12 @@ class Engine:
         self._fusion: dict[np.dtype, np.ndarray] = {}
         self.thread = threading.Thread(target=self._main, name=f"horo-engine-{ranks[:4]}", daemon=True)
         self.thread.start()
+
+    @staticmethod
+    def configured_knobs() -> Knobs:
+        """The knobs an engine starts with, from the agreed configuration."""
+        return Knobs(config.int("HORO_FUSION_THRESHOLD"), config["HORO_CYCLE_TIME"], config.int("HORO_CHUNK_BYTES"),
+                     config.int("HORO_CACHE_CAPACITY") > 0)
 
     # ---- user side -------------------------------------------------------------------------------
     def submit(self, req: Request) -> None:
@@ -203,7 +220,8 @@ class Engine:
             shutting = self.shutdown_requested
         self.round_no += 1
         words = (len(self.cache_sigs) + 63) // 64
-        hdr = np.zeros(_HDR + words, dtype=np.int64)
+        tune = _TUNE if self.tuning else 0
+        hdr = np.zeros(_HDR + tune + words, dtype=np.int64)
         bits = np.zeros(words * 64, dtype=np.uint8)
         uncached: list[tuple[str, Signature]] = []
         for req in snapshot:
@@ -213,13 +231,19 @@ class Engine:
             else:
                 uncached.append((req.name, req.sig))
         if words:
-            hdr[_HDR:] = np.packbits(bits, bitorder="little").view(np.int64)
+            hdr[_HDR + tune:] = np.packbits(bits, bitorder="little").view(np.int64)
+        if tune and self.tuner is not None:
+            k = self.tuner.current
+            hdr[_HDR:_HDR + _TUNE] = (self.tuner.seq, k.fusion_threshold, round(k.cycle_time_ms * 1000),
+                                      k.chunk_bytes, int(k.cache_enabled))
         hdr[1] = int(time.time() * 1e6)  # wall clock: comparable across nodes, enough for "who was late"
         hdr[0] = ((_SHUTDOWN if shutting else 0) | (_UNCACHED if uncached else 0)
                   | (_STALLED if self.stall_flag else 0) | (_JOINED if self.joined else 0)
-                  | (_LEAVING if state.leaving else 0) | _blocked_word())
-        recv = np.empty((self.n, _HDR + words), dtype=np.int64)
+                  | (_LEAVING if state.leaving else 0) | _blocked_word()
+                  | (_TUNED if tune and self.tuner is not None and self.tuner.done else 0))
+        recv = np.empty((self.n, _HDR + tune + words), dtype=np.int64)
         self._wait(self.comm.Iallgather(hdr, recv))
+        t_round = time.perf_counter()
         flags = recv[:, 0]
         entered = recv[:, 1]
         self.late_now = [self.ranks[r] for r in np.nonzero(entered > entered.min() + 1000)[0].tolist()]
@@ -235,7 +259,7 @@ class Engine:
         gathered = self.comm.allgather(uncached) if (flags & _UNCACHED).any() else None
         if (flags & _STALLED).any():
             raise StallError(self._stall_message(stopping=True))
-        ready, mismatched, partial = self._match(recv[:, _HDR:], gathered)
+        ready, mismatched, partial = self._match(recv[:, _HDR + tune:], gathered)
         leaving = np.nonzero(flags & _LEAVING)[0].tolist()
         if leaving:
             self._peers_left(flags, leaving, partial)
@@ -246,7 +270,14 @@ class Engine:
                     self.pending.pop(name, None)
                 req.finish(error=MismatchError(format_mismatch(sigs, self.ranks)))
         if ready:
-            self._execute(ready)
+            reduced = self._execute(ready)
+            if tune and self.tuner is not None and not self.tuner.done:
+                try:
+                    self.tuner.record(reduced, t_round)
+                except Exception as exc:  # noqa: BLE001 - rank 0 then freezes everyone at the current setting
+                    self.tuner.abandon(exc)
+        if tune:  # after the whole round ran under the old setting, on every rank alike
+            self._retune(recv[0, _HDR:_HDR + _TUNE], bool(flags[0] & _TUNED))
         self._inspect(partial, ready)
         if (flags & _SHUTDOWN).all() and not ready:
             if self.pending:
@@ -299,7 +330,7 @@ class Engine:
             fresh.append(name)
             if bit is not None:
                 self.cache_sigs[bit] = ordered[0]
-            elif _AUTO not in name and len(self.cache_sigs) < self.capacity:
+            elif _AUTO not in name and self.cache_on and len(self.cache_sigs) < self.capacity:
                 self.cache[name] = len(self.cache_sigs)
                 self.cache_sigs.append(ordered[0])
                 self.cache_names.append(name)
@@ -309,6 +340,33 @@ class Engine:
         order = sorted(ready_bits + [self.cache[n] for n in fresh if n in self.cache])
         ready = [self.cache_names[b] for b in order] + sorted(n for n in fresh if n not in self.cache)
         return ready, mismatched, partial
+
+    def _retune(self, words: np.ndarray, final: bool) -> None:
+        """Adopt rank 0's setting (identical input on every rank, so identical effect)."""
+        seq, fusion, cycle_us, chunk, cache_on = (int(w) for w in words)
+        if seq != self.knob_seq:
+            self.knob_seq = seq
+            self.apply(Knobs(fusion, cycle_us / 1000.0, chunk, bool(cache_on)))
+            self.knob_log.append((self.round_no, self.knobs))
+            if self.tuner is not None:
+                self.tuner.applied()
+        if final:
+            self.tuning = False  # from the next round on, on every rank: no header words, no bookkeeping
+
+    def apply(self, knobs: Knobs) -> None:
+        """Switch to ``knobs``; only between rounds, and at the same round on every rank."""
+        self.knobs = knobs
+        self.threshold = knobs.fusion_threshold
+        self.idle_s = max(knobs.cycle_time_ms, 0.1) / 1000.0
+        self.chunk = knobs.chunk_bytes
+        if knobs.cache_enabled != self.cache_on:
+            self.cache_on = knobs.cache_enabled
+            if not self.cache_on:  # every rank drops the same cache in the same round
+                self.cache.clear()
+                self.cache_sigs.clear()
+                self.cache_names.clear()
+        if self.threshold < max((b.nbytes for b in self._fusion.values()), default=0) // 2:
+            self._fusion.clear()  # do not keep a 64 MiB buffer alive for a 1 MiB threshold
 
     def _take(self, names: list[str]) -> list[Request]:
         with self.cv:
@@ -334,7 +392,8 @@ class Engine:
         return Request(name, sig, lambda comm: reduce_group(comm, arrs, f["op"], f["prescale_factor"],
                                                             f["postscale_factor"]))
 
-    def _execute(self, names: list[str]) -> None:
+    def _execute(self, names: list[str]) -> list[tuple[str, str, int]]:
+        """Run the ready names; returns (name, dtype, bytes) of each, for the autotuner's score."""
         reqs = self._take(names)
         self.sig_of.clear()
         t_ready = timeline.now_us()
@@ -358,6 +417,10 @@ class Engine:
         if batch:
             self._run_batch(batch)
         timeline.flush()
+        if not self.tuning:
+            return []
+        return [(r.name, r.send.dtype.str if r.send is not None else "", r.send.nbytes if r.send is not None else 0)
+                for r in reqs]
 
     def _late_ranks(self, name: str) -> list[int]:
         seen = self.first_round.pop(name, None)
@@ -371,7 +434,8 @@ class Engine:
             if req.run is not None:
                 result = req.run(self.comm)
             else:
-                result = mpi_ops.allreduce_into(self.comm, req.send, req.out, req.op, req.pre, req.post)
+                result = mpi_ops.allreduce_into(self.comm, req.send, req.out, req.op, req.pre, req.post,
+                                                chunk_bytes=self.chunk)
         except (HoroError, ValueError, TypeError) as exc:
             req.finish(error=exc)
             return
@@ -396,7 +460,7 @@ class Engine:
         t1 = timeline.now_us()
         view = buf[:total]
         mpi_ops.allreduce_into(self.comm, view, view, first.op, first.pre, first.post,
-                               segments=[r.send.size for r in batch])
+                               segments=[r.send.size for r in batch], chunk_bytes=self.chunk)
         t2 = timeline.now_us()
         off = 0
         for r in batch:

@@ -64,7 +64,7 @@ def _finish(buf: np.ndarray, op: ReduceOp, size: int, postscale: float) -> None:
 
 def allreduce_into(comm: Any, send: np.ndarray, out: np.ndarray, op: ReduceOp,
                    prescale: float = 1.0, postscale: float = 1.0,
-                   segments: Sequence[int] | None = None) -> np.ndarray:
+                   segments: Sequence[int] | None = None, chunk_bytes: int | None = None) -> np.ndarray:
     """Reduce ``send`` across ``comm`` into ``out`` (both C-contiguous, same shape; may be the same array).
 
     Arrays above 8 x ``HORO_CHUNK_BYTES`` go in pieces of that size (the same on every rank, see config),
@@ -73,6 +73,8 @@ def allreduce_into(comm: Any, send: np.ndarray, out: np.ndarray, op: ReduceOp,
     Args:
         segments: for Adasum, the element counts of the tensors fused one after another in ``send``
             (each keeps its own coefficients; see adasum.py); ignored by the other ops.
+        chunk_bytes: overrides the chunk size (the engine's own, possibly autotuned, value; it must be equal
+            on every rank).
     """
     if MPI is None:
         _load()
@@ -81,7 +83,7 @@ def allreduce_into(comm: Any, send: np.ndarray, out: np.ndarray, op: ReduceOp,
     size = comm.Get_size()
     inplace = send is out  # every in-place caller passes the same object
     src, dst = send.reshape(-1), out.reshape(-1)
-    chunk = max(1, config.int("HORO_CHUNK_BYTES"))
+    chunk = max(1, config.int("HORO_CHUNK_BYTES") if chunk_bytes is None else chunk_bytes)
     if send.nbytes <= 8 * chunk:  # mid-size arrays: one call is faster than pieces (measured)
         chunk = max(chunk, send.nbytes)
     if needs_upcast(send.dtype):

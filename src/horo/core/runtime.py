@@ -64,6 +64,14 @@ def init(comm: Any = None, process_sets: Sequence[ProcessSet] | None = None) -> 
     from .config import share
 
     share(world)  # before any engine exists: they read the agreed values
+    from .autotune import setup as autotune_setup
+    from .engine import Engine
+
+    try:
+        tune_opts, tuner = autotune_setup(world, Engine.configured_knobs())
+    except BaseException:
+        world.Free()
+        raise
     me = world.Get_rank()
     local = world.Split_type(MPI.COMM_TYPE_SHARED, key=me)
     cross = world.Split(local.Get_rank(), key=me)
@@ -74,9 +82,9 @@ def init(comm: Any = None, process_sets: Sequence[ProcessSet] | None = None) -> 
     global_process_set.ranks = list(range(world.Get_size()))
     global_process_set.comm = world
     global_process_set.engine_comm = world.Dup()
-    from .engine import Engine
-
-    global_process_set.engine = Engine(global_process_set.engine_comm, global_process_set.ranks)
+    # Only the global process set's engine is tuned: it carries the gradients.
+    global_process_set.engine = Engine(global_process_set.engine_comm, global_process_set.ranks,
+                                       autotune=tune_opts.enabled, tuner=tuner)
     state.process_sets = {0: global_process_set}
     state.next_process_set_id = 1
     state.initialized = True

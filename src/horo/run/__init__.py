@@ -1,7 +1,7 @@
 """``hororun``: launch a horo job on N processes by driving the real ``mpiexec``.
 
-Usage: ``hororun -np N [-H host1:2,host2:2 | --hostfile F] [--timeline-filename F] [--tag-output]
-[--verbose] [--mpiexec PATH] python train.py ...``; also ``python -m horo.run``. Process management is
+Usage: ``hororun -np N [-H host1:2,host2:2 | --hostfile F] [--timeline-filename F] [--autotune ...]
+[--tag-output] [--verbose] [--mpiexec PATH] python train.py ...``; also ``python -m horo.run``. Process management is
 mpiexec's; hororun adds Horovod's flags, a hook that makes a failing rank end the whole job fast, and
 clean-up so no rank outlives the job.
 """
@@ -101,6 +101,7 @@ def main(argv: list[str] | None = None) -> int:
 
     flavor = detect_flavor(mpiexec)
     extra = _rank_env(dict(os.environ), ns.timeline, ns.np)
+    extra.update(ns.autotune_env)
     env = {**os.environ, **extra}
     genv: dict[str, str] = {}
     if "HORO_TIMELINE" in extra:

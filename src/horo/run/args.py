@@ -6,7 +6,7 @@ import argparse
 import os
 from typing import NoReturn
 
-__all__ = ["UsageError", "build_parser", "parse_args"]
+__all__ = ["UsageError", "autotune_env", "build_parser", "parse_args"]
 
 _EXAMPLE = "hororun -np 2 python train.py"
 
@@ -54,6 +54,18 @@ def build_parser() -> argparse.ArgumentParser:
                        help="file with one 'host slots=N' (or 'host:N') per line")
     parser.add_argument("--timeline-filename", dest="timeline", metavar="FILE",
                         help="record a timeline: sets HORO_TIMELINE=FILE on every rank")
+    tune = parser.add_argument_group("autotune", "tune the engine's knobs while training (needs horo[autotune])")
+    tune.add_argument("--autotune", action="store_true", help="turn autotune on (HORO_AUTOTUNE=1)")
+    tune.add_argument("--autotune-log-file", metavar="FILE", help="CSV of every trial, written by rank 0")
+    tune.add_argument("--autotune-warmup-samples", metavar="N",
+                      help="samples discarded after each change of setting (default 3)")
+    tune.add_argument("--autotune-steps-per-sample", metavar="N", help="steps per scored sample (default 10)")
+    tune.add_argument("--autotune-bayes-opt-max-samples", metavar="N",
+                      help="trials of the Bayesian search before the best setting is frozen (default 20)")
+    tune.add_argument("--autotune-gaussian-process-noise", metavar="X",
+                      help="noise level of the Gaussian process, in [0, 1] (default 0.8)")
+    tune.add_argument("--autotune-cache", metavar="FILE",
+                      help="reuse the setting tuned by an earlier run of the same job, and save new ones")
     parser.add_argument("--tag-output", action="store_true",
                         help="prefix every output line with the rank that printed it")
     parser.add_argument("--verbose", "-v", action="store_true",
@@ -112,6 +124,42 @@ def _check_elastic(ns: argparse.Namespace) -> None:
                          f"--host-discovery-script={ns.discovery!r}. HINT: chmod +x it.")
 
 
+_AUTOTUNE_FLAGS = {
+    "autotune_log_file": ("HORO_AUTOTUNE_LOG", "--autotune-log-file"),
+    "autotune_warmup_samples": ("HORO_AUTOTUNE_WARMUP_SAMPLES", "--autotune-warmup-samples"),
+    "autotune_steps_per_sample": ("HORO_AUTOTUNE_STEPS_PER_SAMPLE", "--autotune-steps-per-sample"),
+    "autotune_bayes_opt_max_samples": ("HORO_AUTOTUNE_BAYES_OPT_MAX_SAMPLES", "--autotune-bayes-opt-max-samples"),
+    "autotune_gaussian_process_noise": ("HORO_AUTOTUNE_GAUSSIAN_PROCESS_NOISE", "--autotune-gaussian-process-noise"),
+    "autotune_cache": ("HORO_AUTOTUNE_CACHE", "--autotune-cache"),
+}
+
+
+def autotune_env(ns: argparse.Namespace) -> dict[str, str]:
+    """The HORO_AUTOTUNE* variables the ranks get for the --autotune* flags (checked like the variables).
+
+    Raises:
+        UsageError: a bad value, named with its flag.
+    """
+    env: dict[str, str] = {"HORO_AUTOTUNE": "1"} if ns.autotune else {}
+    for attr, (var, _flag) in _AUTOTUNE_FLAGS.items():
+        value = getattr(ns, attr, None)
+        if value is not None:
+            env[var] = os.path.abspath(value) if var in ("HORO_AUTOTUNE_LOG", "HORO_AUTOTUNE_CACHE") else value
+    from horo.core.autotune.settings import read_options
+
+    try:
+        read_options(env)
+    except ValueError as exc:
+        text = str(exc)
+        for var, flag in _AUTOTUNE_FLAGS.values():
+            text = text.replace(f"{var}=", f"{flag}=").replace(f"{var} ", f"{flag} ")
+        raise UsageError(text.replace("HINT: unset it to use", "HINT: leave it out to use")) from None
+    if env and not ns.autotune:
+        raise UsageError(f"--autotune-* options need --autotune. Received: {sorted(env)} without --autotune. "
+                         "HINT: add --autotune.")
+    return env
+
+
 def parse_args(argv: list[str]) -> argparse.Namespace:
     """Parse and cross-check hororun's arguments.
 
@@ -137,6 +185,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     ns.elastic = any(v is not None for v in (ns.min_np, ns.max_np, ns.discovery))
     if ns.elastic:
         _check_elastic(ns)
+    ns.autotune_env = autotune_env(ns)
     if ns.np is None:
         raise UsageError(f"the number of processes is required. Received: -np=None. HINT: {_EXAMPLE}")
     if not ns.command:

@@ -1,0 +1,202 @@
+"""Where to look next: fixed starting points, then a Gaussian process with expected improvement.
+
+The continuous knobs (fusion threshold, cycle time, chunk size) are searched on a log scale mapped to the
+unit cube: on host memory the best fusion threshold sits near 1 MiB, which a linear 0-64 MiB axis (as in
+Horovod) would squeeze into its first 2 %. The Gaussian process is scikit-learn's (the optional
+``horo[autotune]`` extra, imported only when autotune is on); the acquisition is maximised with SciPy's
+L-BFGS-B from the best of a few thousand random candidates. On/off knobs (the response cache) are tried
+after the continuous search, each value once at the best continuous point, as Horovod chains them.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import replace
+from typing import Any
+
+import numpy as np
+
+from .settings import Knobs
+
+__all__ = ["EXTRA_HINT", "Search", "load_gp", "to_unit", "from_unit", "CONTINUOUS"]
+
+EXTRA_HINT = "pip install 'horo[autotune]'"
+
+#: continuous knob -> (log2 of the low end, log2 of the high end) of its search range.
+CONTINUOUS: dict[str, tuple[float, float]] = {
+    "fusion_threshold": (14.0, 26.0),  # 16 KiB .. 64 MiB
+    "cycle_time_ms": (0.0, math.log2(100.0)),  # 1 .. 100 ms
+    "chunk_bytes": (18.0, 26.0),  # 256 KiB .. 64 MiB
+}
+
+# Spread over the space in log terms; the configured (or HORO_AUTOTUNE_START) setting is tried first.
+_FIXED_POINTS: tuple[dict[str, float], ...] = (
+    {"fusion_threshold": 1 << 20, "cycle_time_ms": 10.0, "chunk_bytes": 1 << 20},
+    {"fusion_threshold": 16 << 20, "cycle_time_ms": 50.0, "chunk_bytes": 8 << 20},
+    {"fusion_threshold": 128 << 10, "cycle_time_ms": 2.0, "chunk_bytes": 32 << 20},
+    {"fusion_threshold": 4 << 20, "cycle_time_ms": 25.0, "chunk_bytes": 256 << 10},
+)
+
+
+def load_gp() -> tuple[Any, Any, Any, Any]:
+    """scikit-learn's GaussianProcessRegressor and kernels, and SciPy's minimize and norm.
+
+    Raises:
+        ImportError: naming the ``horo[autotune]`` extra when scikit-learn is missing.
+    """
+    try:
+        from scipy.optimize import minimize
+        from scipy.stats import norm
+        from sklearn.gaussian_process import GaussianProcessRegressor, kernels
+    except ImportError as exc:
+        raise ImportError(
+            f"horo's autotune needs scikit-learn, which is not installed ({exc}). Received: HORO_AUTOTUNE=1. "
+            f"HINT: {EXTRA_HINT}, or turn autotune off."
+        ) from exc
+    return GaussianProcessRegressor, kernels, minimize, norm
+
+
+def to_unit(knob: str, value: float) -> float:
+    lo, hi = CONTINUOUS[knob]
+    return float(np.clip((math.log2(max(value, 1e-9)) - lo) / (hi - lo), 0.0, 1.0))
+
+
+def from_unit(knob: str, u: float) -> float:
+    lo, hi = CONTINUOUS[knob]
+    value = 2.0 ** (lo + (hi - lo) * float(np.clip(u, 0.0, 1.0)))
+    if knob == "cycle_time_ms":
+        return round(value, 2)
+    return float(int(round(value / 1024.0)) * 1024)  # whole KiB
+
+
+class Search:
+    """Proposes settings one trial at a time; ``tell`` each score, read ``best`` at the end.
+
+    Args:
+        start: the first trial.
+        fixed: knobs set by hand (knob -> value); never changed.
+        max_samples: trials of the continuous search (fixed points included).
+        noise: the Gaussian process's noise level (``alpha``) on standardised scores, as in Horovod.
+        seed: for the random candidates (only rank 0 searches, so this is for reproducible runs).
+    """
+
+    def __init__(self, start: Knobs, fixed: Mapping[str, float], max_samples: int, noise: float,
+                 seed: int = 0) -> None:
+        self.dims = [k for k in CONTINUOUS if k not in fixed]
+        self.max_samples = max_samples
+        self.noise = max(noise, 1e-6)
+        self.rng = np.random.default_rng(seed)
+        self.start = start
+        self.points: list[Knobs] = [start]
+        for p in _FIXED_POINTS:
+            cand = self._knobs({k: to_unit(k, p[k]) for k in self.dims})
+            if self.dims and cand not in self.points:
+                self.points.append(cand)
+        self.points = self.points[:max_samples] if self.dims else [start]
+        self.categorical = [] if "cache_enabled" in fixed else ["cache_enabled"]
+        self.history: list[tuple[Knobs, float]] = []
+        self.phase = "fixed"
+        self._gp: tuple[Any, Any, Any, Any] | None = None
+        if self.dims and max_samples > len(self.points):
+            self._gp = load_gp()
+
+    @property
+    def best(self) -> tuple[Knobs, float]:
+        """The tried setting to keep, with its estimated score.
+
+        Settings of the continuous search are rated by the Gaussian process's posterior mean at the point
+        rather than by their own score: on a noisy machine the highest single trial is often a lucky draw
+        (Horovod keeps the raw maximum). The other value of an on/off knob, tried once, keeps its score.
+        """
+        est = dict(self.history)  # knobs -> score (a setting tried twice keeps its last score)
+        fit = self._fit(self.start.cache_enabled)
+        if fit is not None:
+            gp, x, hist, mu, sd = fit
+            for (k, _), m in zip(hist, gp.predict(x) * sd + mu):
+                est[k] = float(m)
+        return max(est.items(), key=lambda kv: kv[1])
+
+    def first(self) -> Knobs:
+        return self.points[0]
+
+    def _knobs(self, unit: Mapping[str, float], base: Knobs | None = None) -> Knobs:
+        kw: dict[str, Any] = {}
+        for k, u in unit.items():
+            v = from_unit(k, u)
+            kw[k] = v if k == "cycle_time_ms" else int(v)
+        return replace(base or self.start, **kw)
+
+    def tell(self, knobs: Knobs, score: float) -> Knobs | None:
+        """Record the score of ``knobs``; return the next setting to try, or None when the search is over."""
+        self.history.append((knobs, score))
+        n = len(self.history)
+        continuous_done = n >= len(self.points) and (not self.dims or n >= self.max_samples)
+        if not continuous_done:
+            if n < len(self.points):
+                return self.points[n]
+            self.phase = "bayes"
+            return self._propose()
+        # On/off knobs: each other value once, at the best setting so far.
+        tried = {k.cache_enabled for k, _ in self.history}
+        for knob in self.categorical:
+            if knob == "cache_enabled" and len(tried) < 2:
+                self.phase = "categorical"
+                best = self.best[0]
+                return replace(best, cache_enabled=not best.cache_enabled)
+        self.phase = "done"
+        return None
+
+    def _fit(self, cache_on: bool) -> tuple[Any, np.ndarray, list[tuple[Knobs, float]], float, float] | None:
+        """The Gaussian process over the continuous trials with the cache ``cache_on``, or None (< 3 trials).
+
+        Returns (gp, unit-cube points, their trials, mean, std): the GP models standardised scores.
+        """
+        hist = [(k, s) for k, s in self.history if k.cache_enabled == cache_on]
+        if not self.dims or len(hist) < 3:
+            return None
+        gpr_cls, kernels, _, _ = self._gp or load_gp()
+        x = np.array([[to_unit(dim, getattr(k, dim)) for dim in self.dims] for k, _ in hist])
+        y = np.array([s for _, s in hist], dtype=np.float64)
+        mu, sd = float(y.mean()), float(y.std()) or 1.0  # standardise: the noise level means the same at any scale
+        kernel = kernels.ConstantKernel(1.0, (1e-2, 1e2)) * kernels.Matern(
+            length_scale=np.full(len(self.dims), 0.3), length_scale_bounds=(0.05, 10.0), nu=2.5)
+        gp = gpr_cls(kernel=kernel, alpha=self.noise, n_restarts_optimizer=2, random_state=0)
+        import warnings
+
+        with warnings.catch_warnings():  # few noisy points: bound warnings on the kernel fit are expected
+            warnings.simplefilter("ignore")
+            gp.fit(x, (y - mu) / sd)
+        return gp, x, hist, mu, sd
+
+    def _propose(self) -> Knobs:
+        _, _, minimize, norm = self._gp or load_gp()
+        d = len(self.dims)
+        best_cache = self.start.cache_enabled
+        fit = self._fit(best_cache)
+        if fit is None:
+            return self._knobs(dict(zip(self.dims, self.rng.random(d).tolist())))
+        gp, x = fit[0], fit[1]
+        incumbent = float(gp.predict(x).max())  # noisy scores: compare with the model, not the raw best
+        xi = 0.01
+
+        def ei(u: np.ndarray) -> np.ndarray:
+            mu, sigma = gp.predict(np.atleast_2d(u), return_std=True)
+            imp = mu - incumbent - xi
+            z = np.divide(imp, sigma, out=np.zeros_like(imp), where=sigma > 0)
+            return np.where(sigma > 0, imp * norm.cdf(z) + sigma * norm.pdf(z), 0.0)
+
+        cand = self.rng.random((2048, d))
+        scores = ei(cand)
+        starts = cand[np.argsort(scores)[-4:]]
+        found: list[tuple[float, np.ndarray]] = []
+        for s in starts:
+            res = minimize(lambda u: -float(ei(u)[0]), s, method="L-BFGS-B", bounds=[(0.0, 1.0)] * d)
+            found.append((float(res.fun), np.clip(res.x, 0.0, 1.0)))
+        found.sort(key=lambda fu: fu[0])
+        seen = {k for k, _ in self.history}
+        for _, u in found + [(0.0, c) for c in cand[np.argsort(scores)[::-1]]]:
+            knobs = self._knobs(dict(zip(self.dims, u.tolist())), base=replace(self.start, cache_enabled=best_cache))
+            if knobs not in seen:
+                return knobs
+        return self._knobs(dict(zip(self.dims, self.rng.random(d).tolist())))
