@@ -32,6 +32,7 @@ from .errors import HoroError, HoroInternalError, MismatchError, StallError
 from .negotiation import JOIN, Signature, format_mismatch, joinable
 from .ops import ReduceOp
 from .timeline import timeline
+from .watchdog import blocking
 
 __all__ = ["Engine", "Request", "submit", "poll", "synchronize", "auto_name"]
 
@@ -203,7 +204,8 @@ class Engine:
         hdr[0] = ((_SHUTDOWN if shutting else 0) | (_UNCACHED if uncached else 0)
                   | (_STALLED if self.stall_flag else 0) | (_JOINED if self.joined else 0))
         recv = np.empty((self.n, _HDR + words), dtype=np.int64)
-        self._wait(self.comm.Iallgather(hdr, recv))
+        with blocking("a round of the background engine"):
+            self._wait(self.comm.Iallgather(hdr, recv))
         flags = recv[:, 0]
         entered = recv[:, 1]
         self.late_now = [self.ranks[r] for r in np.nonzero(entered > entered.min() + 1000)[0].tolist()]
