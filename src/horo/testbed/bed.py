@@ -50,6 +50,8 @@ _TOOLS = ("ip", "tc", "unshare", "nsenter", "mount")
 class TestbedError(RuntimeError):
     """The bed cannot be made, found or changed; the message says why and what to do."""
 
+    __test__ = False  # not a pytest test class, despite the name
+
 
 @dataclass
 class Host:
