@@ -275,3 +275,20 @@ def test_delay_needs_netem_and_leaves_nothing_behind():
     names = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
     assert "horod-" not in names
     assert shutil.which("ip")
+
+
+@pytest.mark.parametrize("hierarchical", [False, True], ids=["flat", "hierarchical"])
+def test_collective_suite_on_2x2(bed, tmp_path, hierarchical):
+    """The in-rank collective suite (tests/mpi) at 4 ranks on 2 hosts; then again with both hierarchical ops."""
+    suite = [str(REPO / "tests" / "mpi")] if not hierarchical else [
+        str(REPO / "tests" / "mpi" / name) for name in ("test_allreduce.py", "test_collectives.py")]
+    flags = ["--hierarchical-allreduce", "--hierarchical-allgather"] if hierarchical else []
+    env = {"HORO_TEST_WORLD": "4", "HORO_TEST_LOGDIR": str(tmp_path), "TF_CPP_MIN_LOG_LEVEL": "3",
+           "PYTHONPATH": os.pathsep.join([str(REPO / "tests" / "mpi"), str(REPO / "src")])}
+    rc, out, _ = hororun(bed, ["-np", "4", "-H", "node1:2,node2:2", *flags, sys.executable, "-m", "pytest", *suite,
+                               "-q", "-rfE", "--tb=short", "-p", "no:cacheprovider", "-p", "_mpi_rank_plugin",
+                               "--timeout=120", "--timeout-method=thread", "--rootdir", str(REPO)],
+                         timeout=900, env_extra=env)
+    rcs = {r: (tmp_path / f"rank{r}.rc").read_text().strip() if (tmp_path / f"rank{r}.rc").exists() else None
+           for r in range(4)}
+    assert rc == 0 and set(rcs.values()) == {"0"}, f"rank exit codes {rcs}\n{out[-8000:]}"
