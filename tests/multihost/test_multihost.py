@@ -29,7 +29,8 @@ from horo.testbed import (
     up,
 )
 
-pytestmark = pytest.mark.multihost
+# Jobs of 3-6 ranks on a shared 2-core machine: slow, but every job has its own hard limit below this.
+pytestmark = [pytest.mark.multihost, pytest.mark.timeout(600)]
 
 REPO = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent
@@ -154,14 +155,17 @@ def test_hierarchical_equals_flat(bed, layout):
     assert crossed > 10 << 20, f"only {crossed} bytes crossed node2's link: shared memory leaks between hosts?"
 
 
-def test_hororun_flag_sets_hierarchical(bed):
+def test_hororun_flags_and_environment_reach_remote_ranks(bed):
+    """--hierarchical-* reach every rank; so does the user's environment (as with horovodrun), but no secret."""
     rc, out, _ = hororun(bed, ["-np", "4", "-H", "node1:2,node2:2", "--hierarchical-allreduce",
                                "--hierarchical-allgather", sys.executable, "-c",
-                               "import horo; horo.init(); from horo.core.config import config; "
+                               "import os, horo; horo.init(); from horo.core.config import config; "
                                "print('KNOBS', config['HORO_HIERARCHICAL_ALLREDUCE'], "
-                               "config['HORO_HIERARCHICAL_ALLGATHER'])"])
+                               "config['HORO_HIERARCHICAL_ALLGATHER'], os.environ.get('MYAPP_SETTING'), "
+                               "os.environ.get('MYAPP_API_TOKEN'))"],
+                         env_extra={"MYAPP_SETTING": "42", "MYAPP_API_TOKEN": "xyz"})
     assert rc == 0, out[-6000:]
-    assert out.count("KNOBS 1.0 1.0") == 4, out[-6000:]
+    assert out.count("KNOBS 1.0 1.0 42 None") == 4, out[-6000:]
 
 
 def _wait_for(proc_out: Path, marker: str, limit: float = 90.0) -> None:
@@ -277,11 +281,13 @@ def test_delay_needs_netem_and_leaves_nothing_behind():
     assert shutil.which("ip")
 
 
+@pytest.mark.timeout(1000)
 @pytest.mark.parametrize("hierarchical", [False, True], ids=["flat", "hierarchical"])
 def test_collective_suite_on_2x2(bed, tmp_path, hierarchical):
-    """The in-rank collective suite (tests/mpi) at 4 ranks on 2 hosts; then again with both hierarchical ops."""
-    suite = [str(REPO / "tests" / "mpi")] if not hierarchical else [
-        str(REPO / "tests" / "mpi" / name) for name in ("test_allreduce.py", "test_collectives.py")]
+    """The in-rank collective checks (tests/mpi: allreduce, collectives, runtime) at 4 ranks on 2 hosts, flat
+    and with both hierarchical ops. (The whole tests/mpi suite passes there too; it takes ~9 min here.)"""
+    suite = [str(REPO / "tests" / "mpi" / name) for name in ("test_allreduce.py", "test_collectives.py",
+                                                              "test_runtime.py")]
     flags = ["--hierarchical-allreduce", "--hierarchical-allgather"] if hierarchical else []
     env = {"HORO_TEST_WORLD": "4", "HORO_TEST_LOGDIR": str(tmp_path), "TF_CPP_MIN_LOG_LEVEL": "3",
            "PYTHONPATH": os.pathsep.join([str(REPO / "tests" / "mpi"), str(REPO / "src")])}

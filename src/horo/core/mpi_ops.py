@@ -16,7 +16,7 @@ from . import half, hierarchy
 from .config import config
 from .dtypes import needs_upcast
 from .ops import Average, Max, Min, Product, ReduceOp, Sum
-from .watchdog import guarded
+from .watchdog import guarded, progress
 
 __all__ = ["ALIGN", "empty", "aligned_view", "allreduce_into", "allgather", "broadcast_into", "alltoall",
            "reducescatter", "scatter_counts"]
@@ -87,6 +87,7 @@ def allreduce_into(comm: Any, send: np.ndarray, out: np.ndarray, op: ReduceOp,
         step = max(size, 8 * chunk // send.dtype.itemsize)
         for s in range(0, max(src.size, 1), step):
             _allreduce_16bit(comm, src[s:s + step], dst[s:s + step], op, prescale, postscale)
+            progress()
         return out
     if prescale != 1.0:
         np.multiply(src, prescale, out=dst, casting="unsafe")
@@ -103,6 +104,7 @@ def allreduce_into(comm: Any, send: np.ndarray, out: np.ndarray, op: ReduceOp,
         else:
             comm.Allreduce(_typed(src[s:s + step]), _typed(piece), op=mpi_op)
         _finish(piece, op, size, postscale)
+        progress()
     return out
 
 

@@ -10,6 +10,7 @@ clean-up so no rank outlives the job.
 from __future__ import annotations
 
 import os
+import re
 import shlex
 import shutil
 import sys
@@ -63,6 +64,19 @@ def _first_rank_exit(folder: str, rc: int) -> int:
         except (OSError, ValueError):
             continue
     return min(reports)[1] if reports else rc
+
+
+# Not forwarded to other hosts: what belongs to the host or the shell, the launcher's own variables (mpiexec
+# sets them per host), and anything that looks like a credential (Horovod forwards those too; we do not).
+_NOT_EXPORTED = re.compile(
+    r"^(BASH_FUNC_.*|OLDPWD|PWD|SHLVL|_|HOSTNAME|HOME|USER|LOGNAME|SHELL|TERM|DISPLAY|MAIL|TMPDIR|SSH_.*|"
+    r"XDG_.*|OMPI_.*|PRTE_.*|PMIX_.*|OPAL_.*|HYDRA_.*|HORORUN_.*|.*SECRET.*|.*TOKEN.*|.*PASSWORD.*|.*_KEY)$",
+    re.IGNORECASE,
+)
+
+
+def _exportable(name: str, value: str) -> bool:
+    return not _NOT_EXPORTED.match(name) and "\n" not in value and "=" not in name
 
 
 def _needs_oversubscribe(np_: int, specs: list | None) -> bool:
@@ -132,6 +146,11 @@ def main(argv: list[str] | None = None) -> int:
         # (Open MPI forwards nothing by default).
         genv.update({k: v for k, v in env.items() if k.startswith("HORO_")})
         genv["PYTHONPATH"] = env["PYTHONPATH"]
+    if flavor == OPENMPI and (any_remote(hosts or file_hosts) or ssh_command):
+        # As horovodrun does, the ranks on other hosts get the user's environment (KERAS_BACKEND, PATH,
+        # OMP_NUM_THREADS, ...): Open MPI's ssh start gives them a bare login environment. Hydra forwards
+        # everything by itself.
+        genv.update({k: v for k, v in env.items() if _exportable(k, v)})
 
     with tempfile.TemporaryDirectory(prefix="hororun-") as tmp:
         hostfile = None
