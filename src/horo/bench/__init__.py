@@ -24,6 +24,7 @@ for _var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
 BENCHES: dict[str, str] = {
     "allreduce": "horo.allreduce vs raw mpi4py Allreduce over message sizes (latency, algbw, busbw)",
     "fusion": "ResNet-50 gradient set: engine fusion vs raw MPI, gloo and grouped_allreduce",
+    "hierarchical": "ResNet-50 gradient set: hierarchical vs flat allreduce across hosts, next to raw mpi4py",
     "gpu": "GPU allreduce: horo's NCCL path vs raw NCCL vs host staging (needs cupy and a GPU)",
     "keras": "Keras training throughput with horo.keras",
     "lightning": "PyTorch Lightning training throughput with horo.lightning",
