@@ -15,21 +15,25 @@ def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m horo.testbed",
                                 description="An emulated cluster in network namespaces (root only).")
     p.add_argument("--name", default="horo", help="bed name, prefix of its namespaces (default: horo)")
+    # --name is also accepted after the subcommand ("down --name b" as well as "--name b down").
+    named = argparse.ArgumentParser(add_help=False)
+    named.add_argument("--name", dest="sub_name", default=None, help=argparse.SUPPRESS)
     sub = p.add_subparsers(dest="cmd", required=True)
-    u = sub.add_parser("up", help="create the bed")
+    u = sub.add_parser("up", help="create the bed", parents=[named])
     u.add_argument("--hosts", type=int, default=2, help="number of hosts node1..nodeN (default 2)")
     u.add_argument("--slots", type=int, default=2, help="slots per host, for -H lists (default 2)")
     u.add_argument("--rate", help="shape every host link with tbf, e.g. 1gbit or 10gbit")
     u.add_argument("--delay", help="one-way delay, e.g. 50us (needs the netem qdisc)")
     u.add_argument("--prefix", default="node", help="host name prefix (default: node)")
-    sub.add_parser("down", help="remove everything the bed made")
-    sub.add_parser("status", help="print the hosts, their link counters and processes")
-    e = sub.add_parser("exec", help="run a command on a host (head: the login node, for hororun)")
+    sub.add_parser("down", help="remove everything the bed made", parents=[named])
+    sub.add_parser("status", help="print the hosts, their link counters and processes", parents=[named])
+    e = sub.add_parser("exec", help="run a command on a host (head: the login node, for hororun)",
+                       parents=[named])
     e.add_argument("host")
     e.add_argument("command", nargs=argparse.REMAINDER)
-    k = sub.add_parser("kill", help="SIGKILL every process on a host (its holder stays)")
+    k = sub.add_parser("kill", help="SIGKILL every process on a host (its holder stays)", parents=[named])
     k.add_argument("host")
-    ln = sub.add_parser("link", help="set a host's link up or down (down: a silent cut)")
+    ln = sub.add_parser("link", help="set a host's link up or down (down: a silent cut)", parents=[named])
     ln.add_argument("host")
     ln.add_argument("state", choices=["up", "down"])
     return p
@@ -37,6 +41,8 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     ns = _parser().parse_args(argv)
+    if getattr(ns, "sub_name", None):
+        ns.name = ns.sub_name
     try:
         if ns.cmd == "up":
             bed = up(ns.hosts, ns.slots, ns.rate, ns.delay, name=ns.name, prefix=ns.prefix)
