@@ -28,6 +28,7 @@ BENCHES: dict[str, str] = {
     "fusion": "ResNet-50 gradient set: engine fusion vs raw MPI, gloo and grouped_allreduce",
     "adasum": "ResNet-50 gradient set: op=Adasum vs op=Average, and the bytes each rank moves",
     "autotune": "ResNet-50 gradient set: autotune from 64 MiB fusion vs a fusion x cycle-time grid search",
+    "hierarchical": "ResNet-50 gradient set: hierarchical vs flat allreduce across hosts, next to raw mpi4py",
     "gpu": "GPU allreduce: horo's NCCL path vs raw NCCL vs host staging (needs cupy and a GPU)",
     "keras": "Keras training throughput with horo.keras",
     "lightning": "PyTorch Lightning training throughput with horo.lightning",

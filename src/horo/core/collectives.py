@@ -109,6 +109,10 @@ def reduce_group(comm: Any, arrs: Sequence[np.ndarray], op: ReduceOp, pre: float
         outs: where the results go (e.g. the inputs themselves, for in-place); new arrays when None.
     """
     threshold = config.int("HORO_FUSION_THRESHOLD")
+    if mpi_ops.hierarchical_allreduce(comm):
+        # Every exchange of the hierarchical path costs network round trips (leaders) plus two in-host steps:
+        # one packed exchange per dtype beat one per large tensor 2x on the bed (docs/multihost.md).
+        threshold = max(threshold, sum(a.nbytes for a in arrs) + 1)
     results: list[np.ndarray] = [np.empty(a.shape, a.dtype) for a in arrs] if outs is None else list(outs)
     small: dict[np.dtype, list[int]] = {}
     for i, a in enumerate(arrs):

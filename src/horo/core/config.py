@@ -26,7 +26,12 @@ _DEFAULTS: dict[str, float] = {
     "HORO_CYCLE_TIME": 50.0,
     "HORO_CACHE_CAPACITY": 1024,
     "HORO_STALL_CHECK_TIME_SECONDS": 60.0,
+    # Seconds a rank may stay blocked in one collective (or a round of the engine) before it is taken for
+    # lost peers or a silent network and the rank exits with an error (0: wait forever, Horovod's default).
     "HORO_STALL_SHUTDOWN_TIME_SECONDS": 0.0,
+    # 1: reduce/gather inside each host, then across one leader per host (see hierarchy.py).
+    "HORO_HIERARCHICAL_ALLREDUCE": 0.0,
+    "HORO_HIERARCHICAL_ALLGATHER": 0.0,
 }
 
 

@@ -35,6 +35,7 @@ from .negotiation import BLOCKED, JOIN, Signature, format_mismatch, joinable
 from .ops import ReduceOp
 from .state import state
 from .timeline import timeline
+from .watchdog import blocking
 
 __all__ = ["Engine", "Request", "submit", "poll", "synchronize", "auto_name"]
 
@@ -242,7 +243,8 @@ class Engine:
                   | (_LEAVING if state.leaving else 0) | _blocked_word()
                   | (_TUNED if tune and self.tuner is not None and self.tuner.done else 0))
         recv = np.empty((self.n, _HDR + tune + words), dtype=np.int64)
-        self._wait(self.comm.Iallgather(hdr, recv))
+        with blocking("a round of the background engine"):
+            self._wait(self.comm.Iallgather(hdr, recv))
         t_round = time.perf_counter()
         flags = recv[:, 0]
         entered = recv[:, 1]

@@ -13,14 +13,15 @@ from typing import Any
 
 import numpy as np
 
-from . import adasum, half
+from . import adasum, half, hierarchy
 from .config import config
 from .dtypes import needs_upcast
 from .ops import Adasum, Average, Max, Min, Product, ReduceOp, Sum
 from .scaling import finish_reduction, scale_into
+from .watchdog import guarded, progress
 
-__all__ = ["ALIGN", "empty", "aligned_view", "allreduce_into", "allgather", "broadcast_into", "alltoall",
-           "reducescatter", "scatter_counts"]
+__all__ = ["ALIGN", "empty", "aligned_view", "allreduce_into", "hierarchical_allreduce", "allgather",
+           "broadcast_into", "alltoall", "reducescatter", "scatter_counts"]
 
 # Filled on first use: importing horo must not start MPI (hororun imports it before spawning mpiexec).
 MPI: Any = None
@@ -62,6 +63,7 @@ def _finish(buf: np.ndarray, op: ReduceOp, size: int, postscale: float) -> None:
     finish_reduction(np, buf, op, size, postscale)
 
 
+@guarded("MPI allreduce")
 def allreduce_into(comm: Any, send: np.ndarray, out: np.ndarray, op: ReduceOp,
                    prescale: float = 1.0, postscale: float = 1.0,
                    segments: Sequence[int] | None = None, chunk_bytes: int | None = None) -> np.ndarray:
@@ -90,20 +92,48 @@ def allreduce_into(comm: Any, send: np.ndarray, out: np.ndarray, op: ReduceOp,
         step = max(size, 8 * chunk // send.dtype.itemsize)
         for s in range(0, max(src.size, 1), step):
             _allreduce_16bit(comm, src[s:s + step], dst[s:s + step], op, prescale, postscale)
+            progress()
         return out
     if prescale != 1.0:
         scale_into(np, src, prescale, dst)
         inplace = True
     mpi_op = _mpi_op(op, out.dtype)
+    topo = _hierarchy(comm, "HORO_HIERARCHICAL_ALLREDUCE")
+    if topo is not None:
+        # Each piece costs three collectives, one of them a network round trip between leaders: cache-sized
+        # pieces (tuned for one host's shared memory) made it 2x slower than one buffer on the bed.
+        chunk = max(chunk, _HIER_CHUNK_BYTES)
     step = max(1, chunk // out.dtype.itemsize)
     for s in range(0, max(src.size, 1), step):
         piece = dst[s:s + step]
-        if inplace:
+        if topo is not None:
+            hierarchy.reduce_piece(topo, MPI.IN_PLACE if inplace else _typed(src[s:s + step]), _typed(piece), mpi_op)
+        elif inplace:
             comm.Allreduce(MPI.IN_PLACE, _typed(piece), op=mpi_op)
         else:
             comm.Allreduce(_typed(src[s:s + step]), _typed(piece), op=mpi_op)
         _finish(piece, op, size, postscale)
+        progress()
     return out
+
+
+_HIER_CHUNK_BYTES = 64 << 20
+
+
+def hierarchical_allreduce(comm: Any) -> bool:
+    """Whether allreduces on ``comm`` take the hierarchical path (collective on first use: see hierarchy)."""
+    return _hierarchy(comm, "HORO_HIERARCHICAL_ALLREDUCE") is not None
+
+
+def _hierarchy(comm: Any, knob: str) -> hierarchy.Topology | None:
+    """The host layout when ``knob`` asks for the hierarchical algorithm and it can help, else None.
+
+    16-bit floats keep the flat path: their reduction is horo's own (``_allreduce_16bit``), not MPI's.
+    """
+    if not config.get(knob) or comm.Get_size() < 2:
+        return None
+    topo = hierarchy.topology(comm)
+    return topo if topo.useful else None
 
 
 _UFUNCS = {Sum: np.add, Average: np.add, Min: np.minimum, Max: np.maximum, Product: np.multiply}
@@ -208,6 +238,7 @@ def _bytes(arr: np.ndarray) -> np.ndarray:
     return arr.reshape(-1).view(np.uint8)
 
 
+@guarded("MPI allgather")
 def allgather(comm: Any, send: np.ndarray, counts: np.ndarray) -> np.ndarray:
     """Gather along dim 0; ``counts[r]`` is rank r's dim-0 size."""
     row_bytes = int(np.prod(send.shape[1:], dtype=np.int64)) * send.dtype.itemsize
@@ -215,15 +246,21 @@ def allgather(comm: Any, send: np.ndarray, counts: np.ndarray) -> np.ndarray:
     byte_counts = counts.astype(np.int64) * row_bytes
     displs = np.zeros_like(byte_counts)
     np.cumsum(byte_counts[:-1], out=displs[1:])
-    comm.Allgatherv([_bytes(send), MPI.BYTE], [_bytes(out), (byte_counts, displs), MPI.BYTE])
+    topo = _hierarchy(comm, "HORO_HIERARCHICAL_ALLGATHER")
+    if topo is not None:
+        hierarchy.allgather_bytes(topo, _bytes(send), _bytes(out), byte_counts)
+    else:
+        comm.Allgatherv([_bytes(send), MPI.BYTE], [_bytes(out), (byte_counts, displs), MPI.BYTE])
     return out
 
 
+@guarded("MPI broadcast")
 def broadcast_into(comm: Any, buf: np.ndarray, root: int) -> np.ndarray:
     comm.Bcast([_bytes(buf), MPI.BYTE], root=root)
     return buf
 
 
+@guarded("MPI alltoall")
 def alltoall(comm: Any, send: np.ndarray, splits: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Send rows ``splits[r]`` to rank r; return (received rows, received splits)."""
     size = comm.Get_size()
@@ -247,6 +284,7 @@ def scatter_counts(dim0: int, size: int) -> np.ndarray:
     return np.array([base + (1 if r < extra else 0) for r in range(size)], dtype=np.int64)
 
 
+@guarded("MPI reducescatter")
 def reducescatter(comm: Any, send: np.ndarray, op: ReduceOp, prescale: float = 1.0,
                   postscale: float = 1.0) -> np.ndarray:
     size, rank = comm.Get_size(), comm.Get_rank()

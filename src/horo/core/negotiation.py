@@ -17,6 +17,7 @@ import numpy as np
 
 from .errors import MismatchError
 from .ops import Average, Sum
+from .watchdog import guarded
 
 __all__ = ["Signature", "JOIN", "BLOCKED", "agree", "exchange", "format_mismatch", "joinable"]
 
@@ -65,6 +66,7 @@ def _canonical(sig: Signature) -> str:
     return repr(tuple((k, str(v) if isinstance(v, np.dtype) else v) for k, v in sig))
 
 
+@guarded("the agreement step before a collective")
 def exchange(comm: Any, sig: Signature, payload: int = 0) -> tuple[list[int], list[Signature] | None]:
     """Allgather (hash, payload); on disagreement also allgather the full signatures.
 

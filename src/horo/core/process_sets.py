@@ -147,11 +147,12 @@ def release(ps: ProcessSet) -> None:
     if ps.engine is not None:
         ps.engine.stop()
         ps.engine = None
-    from . import nccl
+    from . import hierarchy, nccl
 
     for comm in (ps.engine_comm, ps.comm):
         if comm is not None:
             nccl.release(comm)
+            hierarchy.release(comm)
     for name in ("engine_comm", "comm"):
         comm = getattr(ps, name)
         if comm is not None and comm is not state.world:

@@ -1,15 +1,18 @@
 """``hororun``: launch a horo job on N processes by driving the real ``mpiexec``.
 
 Usage: ``hororun -np N [-H host1:2,host2:2 | --hostfile F] [--timeline-filename F] [--autotune ...]
-[--tag-output] [--verbose] [--mpiexec PATH] python train.py ...``; also ``python -m horo.run``. Process management is
-mpiexec's; hororun adds Horovod's flags, a hook that makes a failing rank end the whole job fast, and
+[--tag-output] [--ssh-command CMD] [--network-interface IFACE] [--hierarchical-allreduce]
+[--hierarchical-allgather] [--verbose] [--mpiexec PATH] python train.py ...``; also ``python -m horo.run``.
+Process management is mpiexec's; hororun adds Horovod's flags, a hook that makes a failing rank end the whole job fast, and
 clean-up so no rank outlives the job.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import shlex
+import shutil
 import sys
 import tempfile
 from pathlib import Path
@@ -63,6 +66,26 @@ def _first_rank_exit(folder: str, rc: int) -> int:
     return min(reports)[1] if reports else rc
 
 
+# Not forwarded to other hosts: what belongs to the host or the shell, the launcher's own variables (mpiexec
+# sets them per host), and anything that looks like a credential (Horovod forwards those too; we do not).
+_NOT_EXPORTED = re.compile(
+    r"^(BASH_FUNC_.*|OLDPWD|PWD|SHLVL|_|HOSTNAME|HOME|USER|LOGNAME|SHELL|TERM|DISPLAY|MAIL|TMPDIR|SSH_.*|"
+    r"XDG_.*|OMPI_.*|PRTE_.*|PMIX_.*|OPAL_.*|HYDRA_.*|HORORUN_.*|.*SECRET.*|.*TOKEN.*|.*PASSWORD.*|.*_KEY)$",
+    re.IGNORECASE,
+)
+
+
+def _exportable(name: str, value: str) -> bool:
+    return not _NOT_EXPORTED.match(name) and "\n" not in value and "=" not in name
+
+
+def _needs_oversubscribe(np_: int, specs: list | None) -> bool:
+    """More ranks than the host list's slots (a host without a count has one), or no host list at all."""
+    if not specs:
+        return True
+    return np_ > sum(s.slots or 1 for s in specs)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run ``hororun`` with ``argv`` (default ``sys.argv[1:]``); returns the exit status.
 
@@ -99,18 +122,36 @@ def main(argv: list[str] | None = None) -> int:
     except (MpiexecError, HostParseError) as exc:
         return _usage_error(str(exc))
 
+    ssh_command = ns.ssh_command or os.environ.get("HORO_SSH") or None
+    if ssh_command is not None:
+        program = shlex.split(ssh_command)[0] if shlex.split(ssh_command) else ""
+        if shutil.which(program) is None:
+            label = "--ssh-command" if ns.ssh_command else "HORO_SSH"
+            return _usage_error(
+                f"{label} does not start with an executable. Received: {label}={ssh_command!r}. "
+                "HINT: give the path of an ssh-like program, called as 'CMD [options] HOST COMMAND...'."
+            )
     flavor = detect_flavor(mpiexec)
     extra = _rank_env(dict(os.environ), ns.timeline, ns.np)
     extra.update(ns.autotune_env)
+    if ns.hierarchical_allreduce:
+        extra["HORO_HIERARCHICAL_ALLREDUCE"] = "1"
+    if ns.hierarchical_allgather:
+        extra["HORO_HIERARCHICAL_ALLGATHER"] = "1"
     env = {**os.environ, **extra}
     genv: dict[str, str] = {}
     if "HORO_TIMELINE" in extra:
         genv["HORO_TIMELINE"] = extra["HORO_TIMELINE"]
-    if flavor == OPENMPI or any_remote(hosts or file_hosts):
+    if flavor == OPENMPI or any_remote(hosts or file_hosts) or ssh_command:
         # Local ranks inherit mpiexec's environment; ranks on other hosts get only what is named here
         # (Open MPI forwards nothing by default).
         genv.update({k: v for k, v in env.items() if k.startswith("HORO_")})
         genv["PYTHONPATH"] = env["PYTHONPATH"]
+    if flavor == OPENMPI and (any_remote(hosts or file_hosts) or ssh_command):
+        # As horovodrun does, the ranks on other hosts get the user's environment (KERAS_BACKEND, PATH,
+        # OMP_NUM_THREADS, ...): Open MPI's ssh start gives them a bare login environment. Hydra forwards
+        # everything by itself.
+        genv.update({k: v for k, v in env.items() if _exportable(k, v)})
 
     if ns.elastic:
         from horo.run.elastic_launch import run_elastic
@@ -125,8 +166,13 @@ def main(argv: list[str] | None = None) -> int:
             render = to_openmpi_hostfile if flavor == OPENMPI else to_hydra_hostfile
             Path(hostfile).write_text(render(file_hosts))
         plan = LaunchPlan(mpiexec=mpiexec, np=ns.np, command=ns.command, flavor=flavor, hosts=hosts,
-                          hostfile=hostfile, genv=genv, tag_output=ns.tag_output)
-        cmd = build_command(plan)
+                          hostfile=hostfile, genv=genv, tag_output=ns.tag_output, ssh_command=ssh_command,
+                          interfaces=ns.network_interface or [],
+                          oversubscribe=_needs_oversubscribe(ns.np, hosts or file_hosts))
+        try:
+            cmd = build_command(plan)
+        except MpiexecError as exc:
+            return _usage_error(str(exc))
         if ns.verbose:
             env_text = " ".join(f"{k}={shlex.quote(v)}" for k, v in extra.items())
             print(f"hororun: {flavor} launcher; ranks get {env_text}", file=sys.stderr)

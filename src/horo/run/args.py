@@ -70,6 +70,18 @@ def build_parser() -> argparse.ArgumentParser:
                         help="prefix every output line with the rank that printed it")
     parser.add_argument("--verbose", "-v", action="store_true",
                         help="print the exact mpiexec command line before running it")
+    parser.add_argument("--ssh-command", dest="ssh_command", metavar="CMD",
+                        help="program the MPI launcher runs instead of ssh to start its daemons on other hosts, "
+                             "called as 'CMD [options] HOST COMMAND...' (default: $HORO_SSH, else ssh)")
+    parser.add_argument("--network-interface", dest="network_interface", metavar="IFACE[,IFACE]",
+                        help="network interface(s) MPI traffic and the launcher's control traffic must use, "
+                             "e.g. eth0 (hydra takes one)")
+    parser.add_argument("--hierarchical-allreduce", action="store_true",
+                        help="allreduce within each host first, then across one rank per host "
+                             "(sets HORO_HIERARCHICAL_ALLREDUCE=1)")
+    parser.add_argument("--hierarchical-allgather", action="store_true",
+                        help="allgather within each host first, then across one rank per host "
+                             "(sets HORO_HIERARCHICAL_ALLGATHER=1)")
     parser.add_argument("--mpiexec", metavar="PATH",
                         help="mpiexec to use (default: $HORO_MPIEXEC, else the one next to this Python, "
                              "else mpiexec on PATH)")
@@ -186,6 +198,17 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     if ns.elastic:
         _check_elastic(ns)
     ns.autotune_env = autotune_env(ns)
+    if ns.network_interface is not None:
+        names = [n.strip() for n in ns.network_interface.split(",")]
+        if not all(names) or any(c.isspace() or c in "/:" for n in names for c in n):
+            raise UsageError(
+                f"--network-interface takes comma-separated interface names. Received: "
+                f"--network-interface={ns.network_interface!r}. HINT: --network-interface eth0"
+            )
+        ns.network_interface = names
+    if ns.ssh_command is not None and not ns.ssh_command.strip():
+        raise UsageError(f"--ssh-command is empty. Received: --ssh-command={ns.ssh_command!r}. "
+                         "HINT: --ssh-command /path/to/ssh-wrapper")
     if ns.np is None:
         raise UsageError(f"the number of processes is required. Received: -np=None. HINT: {_EXAMPLE}")
     if not ns.command:

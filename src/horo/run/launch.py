@@ -4,14 +4,16 @@ from __future__ import annotations
 
 import ctypes
 import os
+import re
 import signal
 import subprocess
 import sys
 import threading
 import time
 from collections.abc import Callable
+from typing import Any
 
-__all__ = ["descendants", "kill_leftovers", "run_job"]
+__all__ = ["JobWatch", "descendants", "kill_leftovers", "run_job"]
 
 _PR_SET_PDEATHSIG = 1
 _PR_SET_CHILD_SUBREAPER = 36
@@ -105,13 +107,72 @@ def kill_leftovers(skip: frozenset[int] = frozenset(), grace: float = 1.0) -> li
     return pids
 
 
-def run_job(cmd: list[str], env: dict[str, str], grace: float = 5.0) -> int:
+# What Open MPI (prterun) and hydra print when a job is failing. Open MPI's exit status is not enough: when
+# a host dies with its daemon, prterun prints "A daemon failed to report back ... Remote host: X" and
+# exits 0; and when a host's link is silently cut it never finishes tearing the job down (it waits on TCP).
+_FAILURE = re.compile(
+    rb"exited with non-zero status|MPI_ABORT was invoked|lost communication with a remote daemon|"
+    rb"daemon failed to report back|killed by signal|terminated by signal|BAD TERMINATION|"
+    rb"exited on signal|has exited due to process"
+)
+_HOST = re.compile(rb"(?:Remote host:\s*|on node\s+|on host\s+)([A-Za-z0-9_.\-]+)")
+
+
+class JobWatch:
+    """Reads one of mpiexec's streams, passes it on line by line, and notes when the launcher reports a failure."""
+
+    def __init__(self, sink: Callable[[bytes], None]) -> None:
+        self.sink = sink
+        self.failed_at: float | None = None
+        self.hosts: list[str] = []
+
+    def feed(self, line: bytes) -> None:
+        self.sink(line)
+        if _FAILURE.search(line) and self.failed_at is None:
+            self.failed_at = time.monotonic()
+        for m in _HOST.finditer(line):
+            host = m.group(1).decode(errors="replace").rstrip(".")
+            if host not in self.hosts:
+                self.hosts.append(host)
+
+    def merge(self, other: JobWatch) -> None:
+        """Take in what ``other`` (the stdout watch) saw."""
+        if other.failed_at is not None and (self.failed_at is None or other.failed_at < self.failed_at):
+            self.failed_at = other.failed_at
+        self.hosts += [h for h in other.hosts if h not in self.hosts]
+
+    def pump(self, stream: Any) -> None:
+        for line in iter(stream.readline, b""):
+            self.feed(line)
+
+
+def _to_stdout(line: bytes) -> None:
+    try:
+        sys.stdout.buffer.write(line)
+        sys.stdout.flush()
+    except (OSError, ValueError, AttributeError):
+        pass
+
+
+def _to_stderr(line: bytes) -> None:
+    try:
+        sys.stderr.buffer.write(line)
+        sys.stderr.flush()
+    except (OSError, ValueError, AttributeError):
+        pass
+
+
+def run_job(cmd: list[str], env: dict[str, str], grace: float = 5.0, teardown: float = 10.0) -> int:
     """Run ``cmd`` (an mpiexec line) to completion and return its exit status.
 
     mpiexec gets a session of its own, so a terminal's Ctrl-C reaches only hororun, which forwards
     SIGINT/SIGTERM/SIGHUP to mpiexec once (hydra passes it on to every rank); if mpiexec has not ended
     ``grace`` seconds later, or a second signal comes, it is killed. Whatever is left afterwards is killed
     too. A death by signal is reported as 128 + signal number, as shells do.
+
+    mpiexec's stderr goes through a :class:`JobWatch`: once the launcher reports a failed rank or a lost
+    host, mpiexec gets ``teardown`` seconds to end the job, then is killed (a host cut off from the network
+    never answers its kill order), and a failure is never reported as status 0.
 
     Children this process already had (when ``main`` is called from a bigger program) are left alone.
     """
@@ -126,8 +187,16 @@ def run_job(cmd: list[str], env: dict[str, str], grace: float = 5.0) -> int:
 
     before = frozenset(descendants(os.getpid()))
     # preexec_fn only calls prctl, which takes no locks; the usual threads caveat does not bite here.
-    proc = subprocess.Popen(cmd, env=env, start_new_session=True, preexec_fn=in_child)  # noqa: PLW1509
+    proc = subprocess.Popen(cmd, env=env, start_new_session=True, preexec_fn=in_child,  # noqa: PLW1509
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    watch = JobWatch(_to_stderr)
+    out_watch = JobWatch(_to_stdout)
+    readers = [threading.Thread(target=w.pump, args=(stream,), name=f"hororun-{label}", daemon=True)
+               for w, stream, label in ((watch, proc.stderr, "stderr"), (out_watch, proc.stdout, "stdout"))]
+    for reader in readers:
+        reader.start()
     received: list[int] = []
+    killed_stuck = False
 
     def forward(signum: int, _frame: object) -> None:
         received.append(signum)
@@ -151,6 +220,10 @@ def run_job(cmd: list[str], env: dict[str, str], grace: float = 5.0) -> int:
                 deadline = time.monotonic() + grace
             if deadline is not None and time.monotonic() > deadline:
                 proc.kill()
+            watch.merge(out_watch)
+            if watch.failed_at is not None and time.monotonic() > watch.failed_at + teardown:
+                killed_stuck = True
+                proc.kill()
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
@@ -158,4 +231,15 @@ def run_job(cmd: list[str], env: dict[str, str], grace: float = 5.0) -> int:
             proc.kill()
             proc.wait()
         kill_leftovers(before)
-    return rc if rc >= 0 else 128 - rc
+        for reader in readers:
+            reader.join(timeout=2.0)
+        watch.merge(out_watch)
+    rc = rc if rc >= 0 else 128 - rc
+    if watch.failed_at is not None and (rc == 0 or killed_stuck):
+        hosts = f" (hosts in mpiexec's messages: {', '.join(watch.hosts)})" if watch.hosts else ""
+        why = (f"mpiexec had not ended the job {teardown:g} s after it reported a failure, so hororun killed it"
+               if killed_stuck else "mpiexec exited 0 although it reported a failure")
+        _to_stderr(f"hororun: error: the job failed{hosts}: {why}. HINT: a lost host or a cut network "
+                   "link looks like this; see the messages above.\n".encode())
+        rc = rc if rc not in (0, -9, 137) else 1
+    return rc

@@ -92,17 +92,23 @@ class LaunchPlan:
     tag_output: bool = False
     # Containers and CI often run as root; Open MPI refuses that unless told.
     as_root: bool = field(default_factory=lambda: hasattr(os, "geteuid") and os.geteuid() == 0)
+    ssh_command: str | None = None  # the launcher's remote-start program instead of ssh
+    interfaces: list[str] = field(default_factory=list)  # pin MPI and launcher traffic to these
+    # Open MPI: allow more ranks than slots. Only when needed: with it, Open MPI 5 fills the first host
+    # with every rank instead of following the slot counts of -H/--hostfile.
+    oversubscribe: bool = True
 
 
 def build_command(plan: LaunchPlan) -> list[str]:
     """The full argv for mpiexec.
 
     Hydra oversubscribes by default (``-np`` above the core count just works); Open MPI refuses unless
-    told ``--oversubscribe``.
+    told ``--oversubscribe``, which ``plan.oversubscribe`` adds.
     """
     cmd = [plan.mpiexec, "-np", str(plan.np)]
     if plan.flavor == OPENMPI:
-        cmd.append("--oversubscribe")
+        if plan.oversubscribe:
+            cmd.append("--oversubscribe")
         if plan.as_root:
             cmd.append("--allow-run-as-root")
         if plan.hosts:
@@ -111,6 +117,13 @@ def build_command(plan: LaunchPlan) -> list[str]:
             cmd += ["--hostfile", plan.hostfile]
         if plan.tag_output:
             cmd.append("--tag-output")
+        if plan.ssh_command:
+            cmd += ["--prtemca", "plm_ssh_agent", plan.ssh_command]
+        if plan.interfaces:
+            # Both layers: MPI's data (btl) and the daemons' control channel (oob), or either may pick an
+            # address another host cannot reach and the job hangs at start.
+            joined = ",".join(plan.interfaces)
+            cmd += ["--mca", "btl_tcp_if_include", joined, "--prtemca", "oob_tcp_if_include", joined]
         for name, value in plan.genv.items():
             cmd += ["-x", f"{name}={value}"]
     else:
@@ -120,6 +133,15 @@ def build_command(plan: LaunchPlan) -> list[str]:
             cmd += ["-f", plan.hostfile]
         if plan.tag_output:
             cmd.append("-prepend-rank")
+        if plan.ssh_command:
+            cmd += ["-launcher", "ssh", "-launcher-exec", plan.ssh_command]
+        if plan.interfaces:
+            if len(plan.interfaces) > 1:
+                raise MpiexecError(
+                    f"hydra's mpiexec takes one network interface. Received: --network-interface="
+                    f"{','.join(plan.interfaces)!r}. HINT: name one, e.g. --network-interface eth0."
+                )
+            cmd += ["-iface", plan.interfaces[0]]
         for name, value in plan.genv.items():
             cmd += ["-genv", name, value]
     return cmd + list(plan.command)

@@ -1,0 +1,300 @@
+"""horo across emulated hosts: a real bed of network namespaces (horo.testbed), real Open MPI daemons started
+through hororun --ssh-command, real TCP between hosts, real SIGKILLs and a real silent link cut.
+
+Needs root and iproute2; skips with the reason elsewhere. One bed (3 hosts) serves the module; it is taken
+down even when a test fails, and after every test no process may be left on any host.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from horo.testbed import (
+    TestbedError,
+    down,
+    exec_argv,
+    host_pids,
+    kill_host,
+    link_bytes,
+    set_link,
+    unsupported_reason,
+    up,
+)
+
+# Jobs of 3-6 ranks on a shared 2-core machine: slow, but every job has its own hard limit below this.
+pytestmark = [pytest.mark.multihost, pytest.mark.timeout(600)]
+
+REPO = Path(__file__).resolve().parents[2]
+HERE = Path(__file__).resolve().parent
+BED = "horot"
+HORORUN = str(Path(sys.executable).parent / "hororun")
+
+
+@pytest.fixture(scope="module")
+def bed():
+    reason = unsupported_reason()
+    if reason:
+        pytest.skip(f"no test bed: {reason}")
+    down(BED)  # a bed left over by a killed run
+    try:
+        made = up(hosts=3, slots=2, name=BED)
+    except TestbedError as exc:
+        pytest.skip(f"no test bed: {exc}")
+    try:
+        yield made
+    finally:
+        down(BED)
+        assert not [n for n in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.split()
+                    if n.startswith(f"{BED}-")], "down left namespaces behind"
+
+
+@pytest.fixture(autouse=True)
+def no_orphans(request):
+    yield
+    if "bed" not in request.fixturenames:
+        return
+    made = request.getfixturevalue("bed")
+    deadline = time.monotonic() + 10
+    left = {}
+    while time.monotonic() < deadline:
+        left = {h.name: host_pids(made, h.name) for h in [*made.hosts, made.head]}
+        if not any(left.values()):
+            return
+        time.sleep(0.2)
+    for h in left:  # clean up for the next test, then fail this one
+        kill_host(made, h)
+    pytest.fail(f"processes left on the bed's hosts after the test: {left}")
+
+
+def hororun(bed, args: list[str], timeout: float = 120.0, env_extra: dict | None = None):
+    """Run hororun on the bed's login node; returns (rc, output, seconds). Kills everything on timeout."""
+    env = {k: v for k, v in os.environ.items() if k != "PRTE_MCA_rmaps_default_mapping_policy"}
+    env["PYTHONPATH"] = str(REPO / "src")
+    env.update(env_extra or {})
+    argv = exec_argv(bed, "head", [HORORUN, "--ssh-command", bed.agent, "--network-interface", "eth0", *args],
+                     cwd=str(REPO))
+    start = time.monotonic()
+    proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            errors="replace", start_new_session=True)
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, 9)
+        out, _ = proc.communicate()
+        for h in bed.hosts:
+            kill_host(bed, h.name)
+        pytest.fail(f"hororun ran past {timeout} s and was killed:\n{out[-6000:]}")
+    return proc.returncode, out, time.monotonic() - start
+
+
+def job(name: str) -> list[str]:
+    return [sys.executable, str(HERE / name)]
+
+
+def _topology(out: str) -> dict[int, tuple]:
+    rows = {}
+    for m in re.finditer(r"TOPO (\d+) (\S+) (\d+) (\d+) (\d+) (\d+) (\w+)", out):
+        r, host, lr, ls, cr, cs, homo = m.groups()
+        rows[int(r)] = (host, int(lr), int(ls), int(cr), int(cs), homo == "True")
+    return rows
+
+
+def _expected(layout: list[int]) -> dict[int, tuple]:
+    """Horovod's meanings for ranks placed in order, layout[k] ranks on node(k+1)."""
+    out, rank = {}, 0
+    for k, count in enumerate(layout):
+        for local in range(count):
+            same_local = [i for i, c in enumerate(layout) if c > local]
+            out[rank] = (f"node{k + 1}", local, count, same_local.index(k), len(same_local),
+                         len(set(layout)) == 1)
+            rank += 1
+    return out
+
+
+@pytest.mark.parametrize("layout", [[2, 2], [2, 2, 2], [2, 1]], ids=["2x2", "3x2", "2+1"])
+def test_topology(bed, layout):
+    hosts = ",".join(f"node{k + 1}:{c}" for k, c in enumerate(layout))
+    rc, out, _ = hororun(bed, ["-np", str(sum(layout)), "-H", hosts, *job("job_topology.py")])
+    assert rc == 0, out[-6000:]
+    assert _topology(out) == _expected(layout), out[-6000:]
+
+
+@pytest.mark.parametrize("style", ["horovod", "hydra"])
+def test_hostfile(bed, tmp_path, style):
+    lines = ["node1 slots=2", "node2 slots=2"] if style == "horovod" else ["node1:2", "node2:2"]
+    path = tmp_path / "hostfile"
+    path.write_text("# the bed\n" + "\n".join(lines) + "\n")
+    rc, out, _ = hororun(bed, ["-np", "4", "--hostfile", str(path), *job("job_topology.py")])
+    assert rc == 0, out[-6000:]
+    assert _topology(out) == _expected([2, 2]), out[-6000:]
+
+
+@pytest.mark.parametrize("layout", ["2x2", "2+1", "2x2-by-node"])
+def test_hierarchical_equals_flat(bed, layout):
+    """Every collective of job_hier.py, flat then hierarchical, in one job: ints exact, floats to rounding.
+
+    Also checks that the data really crossed the link (no shared memory between hosts).
+    """
+    hosts, np_, env = {"2x2": ("node1:2,node2:2", 4, {}), "2+1": ("node1:2,node2:1", 3, {}),
+                       "2x2-by-node": ("node1:2,node2:2", 4, {"PRTE_MCA_rmaps_default_mapping_policy": "node"})}[layout]
+    before = link_bytes(bed, "node2")
+    rc, out, _ = hororun(bed, ["-np", str(np_), "-H", hosts, *job("job_hier.py")], timeout=240, env_extra=env)
+    after = link_bytes(bed, "node2")
+    assert rc == 0, out[-6000:]
+    lines = re.findall(r"HIER rank=(\d+) hosts=(.*?) useful=True bad=\[\]", out)
+    assert len(lines) == np_, out[-6000:]
+    crossed = (after[0] - before[0]) + (after[1] - before[1])
+    assert crossed > 10 << 20, f"only {crossed} bytes crossed node2's link: shared memory leaks between hosts?"
+
+
+def test_hororun_flags_and_environment_reach_remote_ranks(bed):
+    """--hierarchical-* reach every rank; so does the user's environment (as with horovodrun), but no secret."""
+    rc, out, _ = hororun(bed, ["-np", "4", "-H", "node1:2,node2:2", "--hierarchical-allreduce",
+                               "--hierarchical-allgather", sys.executable, "-c",
+                               "import os, horo; horo.init(); from horo.core.config import config; "
+                               "print('KNOBS', config['HORO_HIERARCHICAL_ALLREDUCE'], "
+                               "config['HORO_HIERARCHICAL_ALLGATHER'], os.environ.get('MYAPP_SETTING'), "
+                               "os.environ.get('MYAPP_API_TOKEN'))"],
+                         env_extra={"MYAPP_SETTING": "42", "MYAPP_API_TOKEN": "xyz"})
+    assert rc == 0, out[-6000:]
+    assert out.count("KNOBS 1.0 1.0 42 None") == 4, out[-6000:]
+
+
+def _wait_for(proc_out: Path, marker: str, limit: float = 90.0) -> None:
+    deadline = time.monotonic() + limit
+    while time.monotonic() < deadline:
+        if marker in proc_out.read_text(errors="replace"):
+            return
+        time.sleep(0.2)
+    pytest.fail(f"the job never printed {marker!r}:\n{proc_out.read_text(errors='replace')[-6000:]}")
+
+
+def _start_loop(bed, tmp_path, env_extra: dict | None = None):
+    env = {k: v for k, v in os.environ.items() if k != "PRTE_MCA_rmaps_default_mapping_policy"}
+    env["PYTHONPATH"] = str(REPO / "src")
+    env.update(env_extra or {})
+    log = tmp_path / "job.log"
+    argv = exec_argv(bed, "head", [HORORUN, "--ssh-command", bed.agent, "--network-interface", "eth0", "-np", "4",
+                                   "-H", "node1:2,node2:2", *job("job_loop.py"), "120"], cwd=str(REPO))
+    with open(log, "w") as fh:
+        proc = subprocess.Popen(argv, env=env, stdout=fh, stderr=subprocess.STDOUT, start_new_session=True)
+    return proc, log
+
+
+def _finish(proc, log: Path, limit: float) -> tuple[int, str, float]:
+    start = time.monotonic()
+    try:
+        rc = proc.wait(timeout=limit)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, 9)
+        proc.wait()
+        pytest.fail(f"the job did not end within {limit} s:\n{log.read_text(errors='replace')[-6000:]}")
+    return rc, log.read_text(errors="replace"), time.monotonic() - start
+
+
+def test_host_killed_ends_the_job(bed, tmp_path):
+    """Every process of node2 (daemon and ranks) SIGKILLed: the job ends non-zero within 10 s naming node2."""
+    proc, log = _start_loop(bed, tmp_path)
+    _wait_for(log, "LOOPING")
+    assert kill_host(bed, "node2")
+    rc, out, took = _finish(proc, log, limit=30)
+    assert rc != 0, out[-6000:]
+    assert took < 10, f"the job took {took:.1f} s to end:\n{out[-6000:]}"
+    assert "node2" in out.split("LOOPING", 1)[1], out[-6000:]
+    assert "FINISHED" not in out
+
+
+def test_silent_link_cut_ends_the_job(bed, tmp_path):
+    """eth0 of node2 set down mid-job (no RST, no FIN): every rank's watchdog fires, the job ends non-zero."""
+    limit = 5.0
+    proc, log = _start_loop(bed, tmp_path, {"HORO_STALL_SHUTDOWN_TIME_SECONDS": str(limit)})
+    _wait_for(log, "LOOPING")
+    set_link(bed, "node2", False)
+    cut = time.monotonic()
+    try:
+        # The ranks on node2 cannot tell anyone: their watchdog must end them on their own.
+        gone_at = None
+        while time.monotonic() - cut < limit + 10:
+            ranks = [p for p in host_pids(bed, "node2") if b"job_loop.py" in Path(f"/proc/{p}/cmdline").read_bytes()]
+            if not ranks:
+                gone_at = time.monotonic() - cut
+                break
+            time.sleep(0.2)
+        rc, out, _ = _finish(proc, log, limit=limit + 30)
+        ended = time.monotonic() - cut
+    finally:
+        set_link(bed, "node2", True)
+    assert gone_at is not None and gone_at < limit + 3, f"node2's ranks still ran {limit + 10} s after the cut"
+    assert rc != 0, out[-6000:]
+    for rank in (0, 1):  # node1's ranks: their error reaches the launcher
+        assert re.search(rf"horo: error: rank {rank} on host node1 has been blocked in .* HORO_STALL_SHUTDOWN", out), \
+            out[-6000:]
+    assert "hororun: error: the job failed" in out, out[-6000:]
+    assert ended < limit + 20, f"the job ended {ended:.1f} s after the cut:\n{out[-6000:]}"
+
+
+def test_agent_rejects_unknown_host(bed):
+    proc = subprocess.run(exec_argv(bed, "head", [bed.agent, "-x", "nosuchhost", "true"]), capture_output=True,
+                          text=True, timeout=30)
+    assert proc.returncode == 255 and "no host 'nosuchhost'" in proc.stderr and "node1" in proc.stderr
+
+
+def test_agent_runs_a_shell_line_on_the_host(bed):
+    proc = subprocess.run(exec_argv(bed, "head", [bed.agent, "node3", "hostname;", "echo", "$TMPDIR"]),
+                          capture_output=True, text=True, timeout=30)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["node3", f"{bed.state}/tmp/node3"]
+
+
+def test_up_rejects_bad_arguments():
+    with pytest.raises(ValueError, match=r"Received: hosts=0"):
+        up(hosts=0, name="horox")
+    with pytest.raises(ValueError, match=r"Received: rate='fast'"):
+        up(rate="fast", name="horox")
+    with pytest.raises(ValueError, match=r"Received: name='Bad-Name'"):
+        up(name="Bad-Name")
+
+
+@pytest.mark.skipif(unsupported_reason() is not None, reason=str(unsupported_reason()))
+def test_delay_needs_netem_and_leaves_nothing_behind():
+    """Without the netem qdisc --delay is refused by name; a failed up removes what it had made."""
+    down("horod")
+    try:
+        bed = up(hosts=1, slots=1, delay="50us", name="horod")
+    except TestbedError as exc:
+        assert "netem" in str(exc) and "--delay='50us'" in str(exc)
+    else:  # a kernel with netem: the delay must then really be installed
+        qd = subprocess.run(["ip", "netns", "exec", bed.hosts[0].netns, "tc", "qdisc", "show", "dev", "eth0"],
+                            capture_output=True, text=True).stdout
+        down("horod")
+        assert "netem" in qd
+    names = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    assert "horod-" not in names
+    assert shutil.which("ip")
+
+
+@pytest.mark.timeout(1000)
+@pytest.mark.parametrize("hierarchical", [False, True], ids=["flat", "hierarchical"])
+def test_collective_suite_on_2x2(bed, tmp_path, hierarchical):
+    """The in-rank collective checks (tests/mpi: allreduce, collectives, runtime) at 4 ranks on 2 hosts, flat
+    and with both hierarchical ops. (The whole tests/mpi suite passes there too; it takes ~9 min here.)"""
+    suite = [str(REPO / "tests" / "mpi" / name) for name in ("test_allreduce.py", "test_collectives.py",
+                                                              "test_runtime.py")]
+    flags = ["--hierarchical-allreduce", "--hierarchical-allgather"] if hierarchical else []
+    env = {"HORO_TEST_WORLD": "4", "HORO_TEST_LOGDIR": str(tmp_path), "TF_CPP_MIN_LOG_LEVEL": "3",
+           "PYTHONPATH": os.pathsep.join([str(REPO / "tests" / "mpi"), str(REPO / "src")])}
+    rc, out, _ = hororun(bed, ["-np", "4", "-H", "node1:2,node2:2", *flags, sys.executable, "-m", "pytest", *suite,
+                               "-q", "-rfE", "--tb=short", "-p", "no:cacheprovider", "-p", "_mpi_rank_plugin",
+                               "--timeout=120", "--timeout-method=thread", "--rootdir", str(REPO)],
+                         timeout=900, env_extra=env)
+    rcs = {r: (tmp_path / f"rank{r}.rc").read_text().strip() if (tmp_path / f"rank{r}.rc").exists() else None
+           for r in range(4)}
+    assert rc == 0 and set(rcs.values()) == {"0"}, f"rank exit codes {rcs}\n{out[-8000:]}"
