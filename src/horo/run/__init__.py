@@ -3,8 +3,8 @@
 Usage: ``hororun -np N [-H host1:2,host2:2 | --hostfile F] [--timeline-filename F] [--autotune ...]
 [--tag-output] [--ssh-command CMD] [--network-interface IFACE] [--hierarchical-allreduce]
 [--hierarchical-allgather] [--verbose] [--mpiexec PATH] python train.py ...``; also ``python -m horo.run``.
-Process management is mpiexec's; hororun adds Horovod's flags, a hook that makes a failing rank end the whole job fast, and
-clean-up so no rank outlives the job.
+Process management is mpiexec's; hororun adds Horovod's flags, a hook that makes a failing rank end the whole
+job fast, and clean-up so no rank outlives the job.
 """
 
 from __future__ import annotations
