@@ -4,20 +4,10 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
-import os
 import sys
 
 from horo.bench import BENCHES
-
-_RANK_VARS = ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "SLURM_PROCID")
-
-
-def _is_rank0() -> bool:
-    """Whether this process should print launcher-level messages (decided without initialising MPI)."""
-    for var in _RANK_VARS:
-        if var in os.environ:
-            return os.environ[var] == "0"
-    return True
+from horo.core.config import launcher_rank0 as _is_rank0
 
 
 def _present(name: str) -> bool:

@@ -56,7 +56,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--tag-output", action="store_true",
                         help="prefix every output line with the rank that printed it")
     parser.add_argument("--verbose", "-v", action="store_true",
-                        help="print the exact mpiexec command line before running it")
+                        help="print the exact mpiexec command line before running it, and let the "
+                             "frameworks' start-up banners through (TF_CPP_MIN_LOG_LEVEL)")
     parser.add_argument("--mpiexec", metavar="PATH",
                         help="mpiexec to use (default: $HORO_MPIEXEC, else the one next to this Python, "
                              "else mpiexec on PATH)")
