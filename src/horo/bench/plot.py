@@ -10,6 +10,7 @@ import argparse
 import math
 import os
 import statistics
+import textwrap
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -77,9 +78,24 @@ def check_arg(path: str | None, prog: str) -> bool:
     return True
 
 
+def _footer_lines(footer: str | None) -> str:
+    # Run conditions (load average, MPI build) under the plot; MPI version strings may hold NUL bytes.
+    if not footer:
+        return ""
+    clean = "".join(c if c.isprintable() else " " for c in footer)
+    return "\n".join(textwrap.wrap(clean, 170)[:2])
+
+
+def _bottom(footer: str | None, height_in: float) -> float:
+    """The fraction of a ``height_in`` inches tall figure that the footer needs."""
+    if not footer:
+        return 0.0
+    return (0.12 * (_footer_lines(footer).count("\n") + 1) + 0.08) / height_in
+
+
 def _save(fig: Any, path: str, footer: str | None) -> None:
     if footer:
-        fig.text(0.01, 0.01, footer, fontsize=7, color="0.4", ha="left", va="bottom")
+        fig.text(0.01, 0.01, _footer_lines(footer), fontsize=7, color="0.4", ha="left", va="bottom")
     fig.savefig(path, dpi=100)
     import matplotlib.pyplot as plt
 
@@ -118,10 +134,11 @@ def by_size(path: str, title: str, results: Sequence[Mapping[str, Any]], n: int,
         style = "--" if name.startswith("raw") else "-"
         bw_ax.plot(sizes, bw, style, marker="o", ms=3, label=name)
         t_ax.plot(sizes, [t * 1e6 for t in secs], style, marker="o", ms=3, label=name)
-    ticks = sizes[:: max(1, len(sizes) // 7)]
+    ticks = sizes[:: max(1, math.ceil(len(sizes) / 8))]
     for ax in (bw_ax, t_ax):
         ax.set_xscale("log", base=2)
-        ax.set_xticks(ticks, [_size_label(s) for s in ticks], fontsize=8)
+        ax.set_xticks(ticks, [_size_label(s) for s in ticks], fontsize=8, rotation=30, ha="right")
+        ax.minorticks_off()
         ax.set_xlabel("message size")
         ax.grid(True, which="major", alpha=0.3)
     bw_ax.set_ylabel("bus bandwidth, GB/s")
@@ -131,7 +148,7 @@ def by_size(path: str, title: str, results: Sequence[Mapping[str, Any]], n: int,
     t_ax.set_title("time (lower is better)", fontsize=10)
     bw_ax.legend(fontsize=8)
     fig.suptitle(title, fontsize=11)
-    fig.tight_layout(rect=(0, 0.04 if footer else 0, 1, 1))
+    fig.tight_layout(rect=(0, _bottom(footer, fig.get_figheight()), 1, 1))
     _save(fig, path, footer)
 
 
@@ -160,12 +177,14 @@ def bars(path: str, title: str, values: Mapping[str, float], xlabel: str,
                 ax.plot([lo, hi], [y, y], color="black", lw=1)
                 top = max(top, hi)
     for y, nm in zip(ys, names):
-        text = f"{values[nm]:.3g}" + (f"   {notes[nm]}" if notes and nm in notes else "")
-        ax.text(values[nm] + top * 0.01, y, text, va="center", fontsize=8)
+        v = values[nm]
+        text = (f"{v:,.0f}" if v >= 100 else f"{v:.3g}") + (f"   {notes[nm]}" if notes and nm in notes else "")
+        right = max(v, ranges[nm][1]) if ranges and nm in ranges else v  # clear of the whisker
+        ax.text(right + top * 0.01, y, text, va="center", fontsize=8)
     ax.set_yticks(ys, names, fontsize=8)
     ax.set_xlim(0, top * 1.35)
     ax.set_xlabel(xlabel)
     ax.grid(True, axis="x", alpha=0.3)
     ax.set_title(title, fontsize=10)
-    fig.tight_layout(rect=(0, 0.05 if footer else 0, 1, 1))
+    fig.tight_layout(rect=(0, _bottom(footer, fig.get_figheight()), 1, 1))
     _save(fig, path, footer)
