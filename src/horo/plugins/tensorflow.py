@@ -36,8 +36,9 @@ def import_tf() -> Any:
         import tensorflow as tf
     except ImportError as exc:
         raise ImportError(
-            f"horo's TensorFlow support needs TensorFlow. Received: import tensorflow failed ({exc}). "
-            "HINT: pip install 'horo[keras]'."
+            "horo's TensorFlow support needs TensorFlow, and neither tensorflow nor tensorflow-cpu is installed. "
+            f"Received: import tensorflow failed ({exc}). HINT: pip install tensorflow (GPU builds; or "
+            "'horo[tensorflow]'), or pip install tensorflow-cpu on a machine without a GPU ('horo[tensorflow-cpu]')."
         ) from exc
     return tf
 
