@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import os
 
+from ..plugins.quiet import quiet_import
+
 __all__ = ["require_keras"]
 
 # What provides each backend's framework. TensorFlow comes as `tensorflow` (GPU builds) or
@@ -25,7 +27,8 @@ def require_keras() -> None:
     """
     backend = os.environ.get("KERAS_BACKEND", "")
     try:
-        import keras
+        with quiet_import("keras"):  # keras imports its backend's framework, TensorFlow's banners included
+            import keras
     except ModuleNotFoundError as exc:
         top = (exc.name or "").split(".")[0]
         if top == "keras":
