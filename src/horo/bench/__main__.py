@@ -45,7 +45,7 @@ def main(argv: list[str] | None = None) -> int:
                        f"available here: {', '.join(n for n in BENCHES if _present(n))}")
             else:
                 why = (f"it needs the package {missing!r}, which is not installed. HINT: install horo's "
-                       "extras (pip install 'horo[keras]' or 'horo[lightning]')")
+                       "extras (pip install 'horo[tensorflow]', 'horo[tensorflow-cpu]' or 'horo[lightning]')")
             print(f"horo.bench: cannot run benchmark {name!r}: {why}.", file=sys.stderr)
         return 2
     return int(module.main(rest) or 0)

@@ -4,6 +4,7 @@ framework, or an ImportError naming what to install."""
 from __future__ import annotations
 
 import os
+from types import ModuleType
 
 from ..plugins.quiet import quiet_import
 
@@ -18,8 +19,8 @@ _INSTALL = {
 }
 
 
-def require_keras() -> None:
-    """Import Keras 3 and its backend's framework.
+def require_keras() -> ModuleType:
+    """Import and return Keras 3, with its backend's framework.
 
     Raises:
         ImportError: Keras is missing or older than 3, or its backend's framework is missing; the message
@@ -49,6 +50,7 @@ def require_keras() -> None:
             f"horo.keras needs Keras 3. Received: keras.__version__={keras.__version__!r}. "
             "HINT: pip install -U 'horo[keras]' (Keras 2 users: import horo.tensorflow for custom loops)."
         )
+    return keras
 
 
 require_keras()
