@@ -9,9 +9,9 @@ import os
 import sys
 import tempfile
 
-if "--verbose" not in sys.argv:
+if "--verbose" not in sys.argv and not os.environ.get("TF_CPP_MIN_LOG_LEVEL"):
     # TensorFlow's C++ start-up banners (INFO/WARNING), once per rank, say nothing a user can act on.
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    os.environ["TF_CPP_MIN_LOG_LEVEL"] = "2"
 
 # Step 1: import and initialise (was: import horovod.keras as hvd). Imported first: it imports Keras and
 # TensorFlow with TF_CPP_MIN_LOG_LEVEL applied to their import-time banners too.

@@ -8,9 +8,9 @@ import os
 import sys
 import tempfile
 
-if "--verbose" not in sys.argv:
+if "--verbose" not in sys.argv and not os.environ.get("TF_CPP_MIN_LOG_LEVEL"):
     # TensorFlow's C++ start-up banners (INFO/WARNING), once per rank, say nothing a user can act on.
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    os.environ["TF_CPP_MIN_LOG_LEVEL"] = "2"
 
 # Imported first: it imports TensorFlow with TF_CPP_MIN_LOG_LEVEL applied to its import-time banners too.
 import horo.tensorflow as hvd  # noqa: E402, I001  (was: import horovod.tensorflow as hvd)

@@ -66,6 +66,7 @@ def test_importing_horo_keras_shows_no_banner_at_level_2() -> None:
     ([], None, "2"),  # quiet by default
     (["--verbose"], None, "unset"),  # --verbose lets the banners through
     ([], "0", "0"),  # the user's own setting wins
+    ([], "", "2"),  # an empty value counts as unset
 ])
 def test_hororun_sets_tensorflow_log_level(tmp_path: Path, flags: list[str], preset: str | None,
                                            expected: str) -> None:

@@ -49,7 +49,7 @@ def _rank_env(base: dict[str, str], timeline: str | None, np_: int | None = None
     path = base.get("PYTHONPATH")
     extra = {"PYTHONPATH": RANK_HOOK_DIR + (os.pathsep + path if path else "")}
     if not verbose:
-        extra.update({k: v for k, v in QUIET_ENV.items() if k not in base})
+        extra.update({k: v for k, v in QUIET_ENV.items() if not base.get(k)})  # empty counts as unset
     if np_ is not None and np_ > (os.cpu_count() or 1) and "MPIR_CVAR_ENABLE_HEAVY_YIELD" not in base:
         # More ranks than cores: MPICH's busy-polling ranks would steal the cores the others compute on.
         extra["MPIR_CVAR_ENABLE_HEAVY_YIELD"] = "1"
