@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib.metadata
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -86,6 +87,13 @@ def test_wheel_in_fresh_venv_runs_lightning_example(tmp_path: Path) -> None:
         assert f"horo-{version}/{part}" in names, part
 
     venv = tmp_path / "venv"
+    try:
+        _install_and_run(venv, wheel, version, env, tmp_path)
+    finally:
+        shutil.rmtree(venv, ignore_errors=True)  # about 1 GB with torch; pytest keeps recent tmp dirs
+
+
+def _install_and_run(venv: Path, wheel: Path, version: str, env: dict[str, str], tmp_path: Path) -> None:
     res = _run([sys.executable, "-m", "venv", str(venv)], 120, env=env)
     assert res.returncode == 0, res.stdout
     py = str(venv / "bin" / "python")
