@@ -5,8 +5,9 @@ split the same data into different calls; taking rank 0's values makes a stray p
 
 Horovod's names work unchanged: ``HOROVOD_<X>`` is an alias of ``HORO_<X>`` for every ``<X>`` in a family
 of :data:`ALIASED` (same meaning, same units). ``HORO_<X>`` wins when both are set to different values, and
-one warning says so. :func:`apply_aliases` copies the aliases into the environment (``init()`` and
-``hororun`` call it), so every reader of a ``HORO_`` variable sees them, whoever wrote that reader.
+one warning (rank 0's) says so. ``init()`` copies the aliases into the environment (:func:`apply_aliases`),
+so every reader of a ``HORO_`` variable sees them, whoever wrote that reader; ``hororun`` forwards both
+spellings to remote ranks.
 """
 
 from __future__ import annotations
@@ -87,6 +88,7 @@ def apply_aliases(environ: MutableMapping[str, str] | None = None) -> dict[str, 
     if environ is os.environ:
         _copied.update(added)
     return added
+
 
 _DEFAULTS: dict[str, float] = {
     # Bytes: tensors below this are packed together by the engine and by grouped_allreduce; on host memory
