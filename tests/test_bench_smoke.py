@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import subprocess
 import sys
@@ -15,9 +16,11 @@ pytest.importorskip("keras")
 @pytest.mark.timeout(300)
 def test_keras_bench_runs_and_reports_every_variant(tmp_path: Path) -> None:
     out = tmp_path / "keras.json"
+    png = tmp_path / "keras.png"  # the weak-scaling plot, when matplotlib is there
+    plot = ["--plot", str(png)] if importlib.util.find_spec("matplotlib") else []
     proc = subprocess.run(
         [sys.executable, "-m", "horo.bench", "keras", "--repeats", "1", "--rounds", "1", "--steps", "3",
-         "--warmup", "2", "--json", str(out)],
+         "--warmup", "2", "--json", str(out), *plot],
         capture_output=True, text=True, timeout=280,
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -27,3 +30,5 @@ def test_keras_bench_runs_and_reports_every_variant(tmp_path: Path) -> None:
     assert "size1_overhead" in summary, summary
     for key in ("efficiency", "efficiency_fp16", "efficiency_bare_mpi"):
         assert 0 < summary[key] < 2, summary
+    if plot:
+        assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

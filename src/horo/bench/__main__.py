@@ -4,20 +4,10 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
-import os
 import sys
 
 from horo.bench import BENCHES
-
-_RANK_VARS = ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "SLURM_PROCID")
-
-
-def _is_rank0() -> bool:
-    """Whether this process should print launcher-level messages (decided without initialising MPI)."""
-    for var in _RANK_VARS:
-        if var in os.environ:
-            return os.environ[var] == "0"
-    return True
+from horo.core.config import launcher_rank0 as _is_rank0
 
 
 def _present(name: str) -> bool:
@@ -55,7 +45,7 @@ def main(argv: list[str] | None = None) -> int:
                        f"available here: {', '.join(n for n in BENCHES if _present(n))}")
             else:
                 why = (f"it needs the package {missing!r}, which is not installed. HINT: install horo's "
-                       "extras (pip install 'horo[keras]' or 'horo[lightning]')")
+                       "extras (pip install 'horo[tensorflow]', 'horo[tensorflow-cpu]' or 'horo[lightning]')")
             print(f"horo.bench: cannot run benchmark {name!r}: {why}.", file=sys.stderr)
         return 2
     return int(module.main(rest) or 0)

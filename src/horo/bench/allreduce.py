@@ -2,6 +2,7 @@
 
     hororun -np 2 python -m horo.bench allreduce [--sizes 4B..64MiB] [--factor 4] [--iters N]
                                                  [--repeats R] [--dtype float32] [--json FILE] [--gpu]
+                                                 [--plot FILE.png]
 
 For every size, five variants run interleaved in the same process on equally sized buffers:
 
@@ -26,6 +27,7 @@ from typing import Any
 
 import numpy as np
 
+from horo.bench import plot
 from horo.bench._util import (
     Timing,
     algbw,
@@ -63,6 +65,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--json", metavar="FILE", help="also write every sample (rank 0) to FILE")
     p.add_argument("--gpu", action="store_true",
                    help="GPU buffers over NCCL instead (forwards to `python -m horo.bench gpu`; needs cupy and a GPU)")
+    plot.add_plot_arg(p)
     return p
 
 
@@ -88,6 +91,8 @@ def _forward_gpu(args: argparse.Namespace) -> int:
         argv += ["--dtype", args.dtype]
     if args.json:
         argv += ["--json", args.json]
+    if args.plot:
+        argv += ["--plot", args.plot]
     return int(gpu.main(argv) or 0)
 
 
@@ -120,6 +125,8 @@ def main(argv: list[str]) -> int:
         args.sizes = "4B..64MiB"
     if args.gpu:
         return _forward_gpu(args)
+    if not plot.check_arg(args.plot, "horo.bench allreduce"):
+        return 2
     try:
         sizes = parse_sizes(args.sizes, args.factor)
     except ValueError as exc:
@@ -193,6 +200,10 @@ def main(argv: list[str]) -> int:
         if args.json:
             with open(args.json, "w") as f:
                 json.dump({"ranks": n, "dtype": str(dtype), "results": results}, f, indent=1)
+        if args.plot:
+            plot.by_size(args.plot, f"horo.allreduce vs raw mpi4py Allreduce, {n} ranks, {dtype}, {args.stat}",
+                         results, n, args.stat, footer=env_summary(n))
+            print(f"plot written to {args.plot}")
     comm.Free()
     horo.shutdown()
     return 0

@@ -7,7 +7,7 @@
 1. Tuning: horo starts with ``HORO_AUTOTUNE=1`` from a deliberately bad setting (64 MiB fusion, given as
    ``HORO_AUTOTUNE_START`` so the knob stays tunable) and runs engine steps (the 161 ResNet-50 gradients,
    ``allreduce_async_`` by name, then synchronize) until the tuner freezes its best setting. The trajectory
-   (score of every trial) is printed and, with ``--plot``, drawn (needs matplotlib: ``horo[bench]``).
+   (score of every trial) is printed and, with ``--plot``, drawn (needs matplotlib: ``horo[plot]``).
 2. Steady state, interleaved in one loop so that machine noise hits all alike: the frozen setting, every
    point of the grid fusion threshold x cycle time (x chunk size with ``--grid-chunk``; default: the
    default chunk only), and raw mpi4py (one
@@ -21,7 +21,6 @@ the sample budget (the tuner froze before the step limit).
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import os
 import statistics
@@ -30,6 +29,7 @@ from typing import Any
 
 import numpy as np
 
+from horo.bench import plot
 from horo.bench._util import env_summary, fmt_f, fmt_size, limit_threads, md_table, parse_size
 
 TARGET = 1.10
@@ -51,7 +51,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--iters", type=int, default=3, help="steps per steady-state sample (default 3)")
     p.add_argument("--max-steps", type=int, default=3000, help="give up tuning after this many steps")
     p.add_argument("--log", metavar="FILE", help="the autotune CSV log (HORO_AUTOTUNE_LOG)")
-    p.add_argument("--plot", metavar="FILE.png", help="draw score per trial (needs matplotlib: horo[bench])")
+    plot.add_plot_arg(p)
     p.add_argument("--json", metavar="FILE", help="write trajectory and samples (rank 0)")
     return p
 
@@ -78,9 +78,7 @@ def main(argv: list[str]) -> int:
     except ValueError as exc:
         print(f"horo.bench autotune: {exc}", file=sys.stderr)
         return 2
-    if args.plot and importlib.util.find_spec("matplotlib") is None:  # same answer on every rank
-        print("horo.bench autotune: --plot needs matplotlib, which is not installed. Received: "
-              f"--plot={args.plot!r}. HINT: pip install 'horo[bench]', or leave out --plot.", file=sys.stderr)
+    if not plot.check_arg(args.plot, "horo.bench autotune"):
         return 2
     set_by_user = [k for k in _KNOB_ENV if k in os.environ]
     limit_threads()

@@ -2,6 +2,7 @@
 
     hororun -np 2 python -m horo.bench fusion [--iters N] [--repeats R] [--threshold BYTES]
                                               [--cycle-ms MS] [--no-gloo] [--sweep] [--json FILE]
+                                              [--plot FILE.png]
 
 The gradient set has ResNet-50's 161 parameter shapes (25,557,032 float32 values, 102 MB), submitted in
 backward order (last layer first). Variants, interleaved in one run (median over repeats of the slowest
@@ -31,6 +32,7 @@ from typing import Any
 
 import numpy as np
 
+from horo.bench import plot
 from horo.bench._util import (
     env_summary,
     fmt_f,
@@ -86,6 +88,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--stat", choices=["median", "min"], default="median",
                    help="summary of the repeats (default median; min is steadier on a shared machine)")
     p.add_argument("--json", metavar="FILE", help="also write every sample (rank 0) to FILE")
+    plot.add_plot_arg(p)
     return p
 
 
@@ -195,6 +198,8 @@ def _latency(horo: Any, comm: Any, repeats: int, stat: str) -> list[list[str]]:
 
 def main(argv: list[str]) -> int:
     args = _parser().parse_args(argv)
+    if not plot.check_arg(args.plot, "horo.bench fusion"):
+        return 2
     try:
         if args.threshold is not None:
             os.environ["HORO_FUSION_THRESHOLD"] = str(parse_size(args.threshold))
@@ -237,6 +242,8 @@ def main(argv: list[str]) -> int:
         if args.json:
             with open(args.json, "w") as f:
                 json.dump({"ranks": n, "samples_s": timing.samples}, f, indent=1)
+        if args.plot:
+            _plot(args, {k: list(v) for k, v in timing.samples.items()}, n, g)
     if dist is not None:
         dist.destroy_process_group()
     horo.shutdown()
@@ -327,7 +334,22 @@ def _sweep(horo: Any, comm: Any, g: GradSet, args: Any) -> int:
         if args.json:
             with open(args.json, "w") as f:
                 json.dump({"ranks": comm.Get_size(), "samples_s": dict(zip(names, samples.tolist()))}, f, indent=1)
+        if args.plot:
+            _plot(args, dict(zip(names, samples.tolist())), comm.Get_size(), g)
     return 0
+
+
+def _plot(args: Any, samples: dict[str, list[float]], n: int, g: GradSet) -> None:
+    """Step time per variant (ms), with the repeats' range, raw MPI baselines in grey."""
+    pick = min if args.stat == "min" else statistics.median
+    ms = {k: pick(v) * 1e3 for k, v in samples.items()}
+    best_raw = min(ms["raw-per-tensor"], ms["raw-one-buffer"])
+    plot.bars(args.plot, f"ResNet-50 gradient set ({fmt_size(g.nbytes)}), {n} ranks: time per step "
+              f"({args.stat} of {args.repeats})", ms, "ms per step (lower is better)",
+              ranges={k: (min(v) * 1e3, max(v) * 1e3) for k, v in samples.items()},
+              notes={k: f"{t / best_raw:.2f}x best raw" for k, t in ms.items()},
+              highlight=[k for k in ms if k.startswith(("raw", "gloo"))], footer=env_summary(n))
+    print(f"plot written to {args.plot}")
 
 
 if __name__ == "__main__":

@@ -2,6 +2,7 @@
 
     hororun -np N python -m horo.bench gpu [--sizes 4KiB..256MiB] [--factor 4] [--iters N] [--repeats R]
                                            [--dtype float32] [--stat median|min] [--json FILE]
+                                           [--plot FILE.png]
 
 (``python -m horo.bench allreduce --gpu`` is meant to forward here.) Each rank uses the GPU of its local rank.
 For every size, three variants run interleaved, in place, on equally sized CuPy buffers:
@@ -26,6 +27,7 @@ from typing import Any
 
 import numpy as np
 
+from horo.bench import plot
 from horo.bench._util import (
     algbw,
     busbw,
@@ -53,6 +55,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--dtype", default="float32", choices=DTYPES)
     p.add_argument("--stat", choices=["median", "min"], default="median")
     p.add_argument("--json", metavar="FILE", help="also write every sample (rank 0) to FILE")
+    plot.add_plot_arg(p)
     return p
 
 
@@ -78,6 +81,8 @@ def main(argv: list[str]) -> int:
         sizes = parse_sizes(args.sizes, args.factor)
     except ValueError as exc:
         print(f"horo.bench gpu: {exc}", file=sys.stderr)
+        return 2
+    if not plot.check_arg(args.plot, "horo.bench gpu"):
         return 2
     ok, why = gpu_ready()
     if not ok:
@@ -178,6 +183,10 @@ def main(argv: list[str]) -> int:
         if args.json:
             with open(args.json, "w") as f:
                 json.dump({"ranks": n, "dtype": str(dtype), "backend": be.mode, "results": results}, f, indent=1)
+        if args.plot:
+            plot.by_size(args.plot, f"GPU allreduce ({be.mode}), {n} ranks, {dtype}, {args.stat}", results, n,
+                         args.stat, footer=env_summary(n))
+            print(f"plot written to {args.plot}")
     comm.Free()
     horo.shutdown()
     return 0

@@ -38,6 +38,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from horo.bench import plot
 from horo.bench._util import env_summary, md_table
 from horo.run.mpiexec import local_command
 
@@ -58,6 +59,7 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--timeout", type=float, default=600, help="limit per mpiexec run, seconds")
     p.add_argument("--json", type=Path, default=None, help="also write the results here")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    plot.add_plot_arg(p)
     return p.parse_args(argv)
 
 
@@ -172,6 +174,12 @@ def _worker(args: argparse.Namespace) -> int:
                   "`python -m horo.bench keras` without a launcher)")
             print(md_table(["variant", "ms / step"], rows))
             print(result["env"])
+            if args.plot:
+                ms = {name: result[name] * 1e3 for name in names}
+                ms.update({k: result[k] * 1e3 for k in ("exchange", "raw_mpi") if k in result})
+                plot.bars(args.plot, f"Keras fit at {hvd.size()} rank(s), {args.backend} backend: time per step",
+                          ms, "ms per step (lower is better)", highlight=["plain", "raw_mpi"], footer=result["env"])
+                print(f"plot written to {args.plot}")
     hvd.shutdown()
     return 0
 
@@ -281,6 +289,10 @@ def _report(ones: list[dict[str, Any]], many: list[dict[str, Any]], args: argpar
 
 def main(argv: list[str]) -> int:
     args = _parse(list(argv))
+    if args.plot is not None:
+        args.plot = str(args.plot)
+        if not plot.check_arg(args.plot, "horo.bench keras"):
+            return 2
     if args.worker:
         return _worker(args)
     if any(v in os.environ for v in _RANK_VARS):  # already inside a launcher: measure this size only
@@ -294,7 +306,24 @@ def main(argv: list[str]) -> int:
     summary = _report(ones, many, args)
     if args.json:
         args.json.write_text(json.dumps({"summary": summary, "runs_1": ones, "runs_n": many}, indent=2))
+    if args.plot:
+        _plot_scaling(summary, args)
     return 0
+
+
+def _plot_scaling(s: dict[str, Any], args: argparse.Namespace) -> None:
+    """Step time at 1 and N ranks per variant, each N-rank bar labelled with its weak-scaling efficiency."""
+    n = args.np
+    ms = {"1 rank, plain SGD": s["t1_plain_ms"], "1 rank, DistributedOptimizer": s["t1_horo_ms"],
+          f"{n} ranks, no exchange": s["tn_plain_ms"], f"{n} ranks, DistributedOptimizer": s["tn_horo_ms"],
+          f"{n} ranks, fp16 compression": s["tn_fp16_ms"], f"{n} ranks, bare mpi4py": s["tn_bare_mpi_ms"]}
+    notes = {k: f"efficiency {100 * s['t1_plain_ms'] / v:.0f}%" for k, v in ms.items() if k.startswith(f"{n} ")}
+    notes["1 rank, DistributedOptimizer"] = f"overhead {100 * s['size1_overhead']:+.1f}%"
+    plot.bars(str(args.plot), f"Keras fit, weak scaling 1 -> {n} ranks ({args.backend} backend, "
+              f"{s['params'] / 1e6:.2f} M params); best possible: {100 * s['limit']:.0f}%",
+              ms, "ms per step (lower is better)", notes=notes,
+              highlight=["1 rank, plain SGD", f"{n} ranks, no exchange", f"{n} ranks, bare mpi4py"], footer=s["env"])
+    print(f"plot written to {args.plot}")
 
 
 if __name__ == "__main__":

@@ -17,6 +17,7 @@ import statistics
 import time
 from typing import Any
 
+from horo.bench import plot
 from horo.bench._util import env_summary, limit_threads, md_table
 
 VARIANTS = ("horo", "horo (no overlap)", "ddp (gloo)")
@@ -30,6 +31,7 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--steps", type=int, default=24, help="timed optimizer steps per sample")
     p.add_argument("--warmup", type=int, default=4, help="untimed steps at the start of each fit")
     p.add_argument("--repeats", type=int, default=3, help="samples per variant (interleaved)")
+    plot.add_plot_arg(p)
     return p.parse_args(argv)
 
 
@@ -87,6 +89,8 @@ class _Clock:
 
 def main(argv: list[str]) -> int:
     args = _parse(argv)
+    if not plot.check_arg(args.plot, "horo.bench lightning"):
+        return 2
     limit_threads()
     import pytorch_lightning as pl
     import torch
@@ -146,6 +150,13 @@ def main(argv: list[str]) -> int:
         print(f"\nallreduce time hidden behind backward: {100 * hidden:.0f}% "
               f"(wait {1e3 * wmed['horo']:.1f} ms/step with overlap vs {1e3 * wmed['horo (no overlap)']:.1f} "
               "without)")
+        if args.plot:
+            plot.bars(args.plot, f"Lightning fit, {world} ranks, MLP {args.layers}x{args.width}: throughput "
+                      f"(median of {args.repeats})", med, "samples per second (higher is better)",
+                      ranges={v: (min(rate[v]), max(rate[v])) for v in VARIANTS},
+                      notes={v: f"{med[v] / med['ddp (gloo)']:.2f}x DDP" for v in VARIANTS},
+                      highlight=["ddp (gloo)"], footer=env_summary(world))
+            print(f"plot written to {args.plot}")
     horo.barrier()
     return 0
 

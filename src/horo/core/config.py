@@ -2,14 +2,93 @@
 
 Values that shape MPI calls (chunk size, fusion threshold) must be identical on all ranks, or ranks would
 split the same data into different calls; taking rank 0's values makes a stray per-rank variable harmless.
+
+Horovod's names work unchanged: ``HOROVOD_<X>`` is an alias of ``HORO_<X>`` for every ``<X>`` in a family
+of :data:`ALIASED` (same meaning, same units). ``HORO_<X>`` wins when both are set to different values, and
+one warning (rank 0's) says so. ``init()`` copies the aliases into the environment (:func:`apply_aliases`),
+so every reader of a ``HORO_`` variable sees them, whoever wrote that reader; ``hororun`` forwards both
+spellings to remote ranks.
 """
 
 from __future__ import annotations
 
 import os
+import sys
+from collections.abc import Mapping, MutableMapping
 from typing import Any
 
-__all__ = ["Config", "config", "read_env", "share"]
+__all__ = ["ALIASED", "ALIAS_PREFIX", "Config", "apply_aliases", "config", "horo_name", "launcher_rank0",
+           "read_env", "resolve_aliases", "share"]
+
+ALIAS_PREFIX = "HOROVOD_"
+#: Horovod variable families (suffixes, or suffix prefixes ending in ``_``) that horo reads under its own
+#: prefix. A family, not a list of names: knobs added later (``HORO_AUTOTUNE_LOG``,
+#: ``HORO_HIERARCHICAL_ALLGATHER``, ...) get their Horovod name without touching this module.
+ALIASED: tuple[str, ...] = ("FUSION_THRESHOLD", "CYCLE_TIME", "CACHE_CAPACITY", "TIMELINE", "STALL_",
+                            "HIERARCHICAL_", "AUTOTUNE")
+_RANK_VARS = ("OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK", "SLURM_PROCID")
+_warned: set[str] = set()
+_copied: dict[str, str] = {}  # HORO_ names apply_aliases set, with the value it set
+
+
+def horo_name(name: str) -> str | None:
+    """``HORO_<X>`` for a Horovod variable ``HOROVOD_<X>`` that horo honours, else None."""
+    if not name.startswith(ALIAS_PREFIX):
+        return None
+    suffix = name[len(ALIAS_PREFIX):]
+    for family in ALIASED:
+        # "TIMELINE" covers HOROVOD_TIMELINE and HOROVOD_TIMELINE_MARK_CYCLES, not HOROVOD_TIMELINES.
+        if suffix == family.rstrip("_") or suffix.startswith(family.rstrip("_") + "_"):
+            return "HORO_" + suffix
+    return None
+
+
+def launcher_rank0(environ: Mapping[str, str] | None = None) -> bool:
+    """Whether this process is rank 0 by its launcher's variables (True outside a launcher).
+
+    Readable before MPI is initialised, so a message about the environment or the command line is printed
+    once per job, not once per rank.
+    """
+    environ = os.environ if environ is None else environ
+    for var in _RANK_VARS:
+        if var in environ:
+            return environ[var] == "0"
+    return True
+
+
+def resolve_aliases(environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The ``HORO_`` values that ``environ``'s Horovod names supply, where the ``HORO_`` name is unset.
+
+    A ``HORO_`` name set to a different value wins over its alias; that is warned about once per name
+    (on the launcher's rank 0 only). A ``HORO_`` name that :func:`apply_aliases` itself set earlier follows
+    its alias, so changing ``HOROVOD_<X>`` between two ``init()`` calls still takes effect.
+    """
+    environ = os.environ if environ is None else environ
+    out: dict[str, str] = {}
+    for name, value in environ.items():
+        target = horo_name(name)
+        if target is None:
+            continue
+        mine = environ.get(target)
+        if mine is None or mine == _copied.get(target):
+            out[target] = value
+        elif mine != value and target not in _warned:
+            _warned.add(target)
+            if launcher_rank0(environ):
+                print(f"horo: warning: both {target}={mine!r} and {name}={value!r} are set; using {target}. "
+                      f"HINT: unset one of them.", file=sys.stderr, flush=True)
+    return out
+
+
+def apply_aliases(environ: MutableMapping[str, str] | None = None) -> dict[str, str]:
+    """Set each ``HORO_`` name from its Horovod alias in ``environ`` (default ``os.environ``); returns them."""
+    environ = os.environ if environ is None else environ
+    added = resolve_aliases(environ)
+    environ.update(added)
+    if environ is os.environ:
+        _copied.update(added)
+    return added
+
 
 _DEFAULTS: dict[str, float] = {
     # Bytes: tensors below this are packed together by the engine and by grouped_allreduce; on host memory
@@ -49,16 +128,20 @@ def read_env(environ: Any = None) -> Config:
         ValueError: a variable that is not a non-negative number.
     """
     environ = os.environ if environ is None else environ
+    aliased = resolve_aliases(environ)
     out = Config()
     for name, default in _DEFAULTS.items():
-        raw = environ.get(name)
+        raw = aliased.get(name, environ.get(name))
         try:
             value = float(raw) if raw not in (None, "") else float(default)
         except ValueError:
             value = -1.0
         if value < 0:
+            # Name the variable the user actually wrote, which may be the Horovod alias.
+            copied = name in aliased or (name in _copied and _copied[name] == environ.get(name))
+            src = ALIAS_PREFIX + name[len("HORO_"):] if copied else name
             raise ValueError(
-                f"Environment variable {name} must be a non-negative number. Received: {name}={raw!r}. "
+                f"Environment variable {src} must be a non-negative number. Received: {src}={raw!r}. "
                 f"HINT: unset it to use the default {default:g}."
             )
         out[name] = value
@@ -70,6 +153,7 @@ config = read_env({})
 
 def share(comm: Any) -> Config:
     """Adopt rank 0's values on every rank of ``comm`` (collective)."""
+    apply_aliases()  # also for the readers outside this module (HORO_TIMELINE, HORO_HIERARCHICAL_*, ...)
     mine: Config | ValueError
     try:
         mine = read_env()

@@ -20,6 +20,9 @@ from ..core import (
     broadcast_object,
     join,
 )
+
+# Before anything imports keras: a missing Keras or backend framework gets a message naming what to install.
+from . import _require  # noqa: F401, I001
 from .collectives import (
     allgather,
     allreduce,

@@ -19,21 +19,14 @@ from ..core.process_sets import global_process_set
 from ..plugins.fused import FusedAllreduce
 from ..plugins.grad_settings import Settings, make_settings
 from . import backend as _backends
+from ._require import require_keras
 
 __all__ = ["DistributedOptimizer", "is_distributed", "distribute_in_place", "import_keras"]
 
 
 def import_keras() -> ModuleType:
-    """Return ``keras`` (3.x), or raise an ImportError naming the extra to install."""
-    try:
-        import keras
-    except ImportError as exc:
-        raise ImportError(f"horo.keras needs Keras 3. Received: import keras failed ({exc}). "
-                          "HINT: pip install 'horo[keras]'.") from exc
-    if not keras.__version__.startswith("3."):
-        raise ImportError(f"horo.keras needs Keras 3. Received: keras.__version__={keras.__version__!r}. "
-                          "HINT: pip install 'horo[keras]'.")
-    return keras
+    """Return ``keras`` (3.x), or raise an ImportError naming what to install (see ``_require``)."""
+    return require_keras()
 
 
 class _State:

@@ -21,6 +21,7 @@ from ..core.process_sets import ProcessSet, resolve
 from .fused import FusedAllreduce
 from .half_exchange import WIRE_DTYPES, HalfExchange
 from .packing import broadcast_arrays
+from .quiet import quiet_import
 
 __all__ = [
     "import_tf", "check_not_xla", "allreduce", "grouped_allreduce", "allgather", "broadcast", "alltoall",
@@ -33,11 +34,13 @@ _GRAD_NAME = "horo.gradients"
 def import_tf() -> Any:
     """Return the ``tensorflow`` module, or raise an ImportError naming the extra to install."""
     try:
-        import tensorflow as tf
+        with quiet_import("tensorflow"):
+            import tensorflow as tf
     except ImportError as exc:
         raise ImportError(
-            f"horo's TensorFlow support needs TensorFlow. Received: import tensorflow failed ({exc}). "
-            "HINT: pip install 'horo[keras]'."
+            "horo's TensorFlow support needs TensorFlow, and neither tensorflow nor tensorflow-cpu is installed. "
+            f"Received: import tensorflow failed ({exc}). HINT: pip install tensorflow (GPU builds; or "
+            "'horo[tensorflow]'), or pip install tensorflow-cpu on a machine without a GPU ('horo[tensorflow-cpu]')."
         ) from exc
     return tf
 

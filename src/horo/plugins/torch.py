@@ -16,8 +16,8 @@ try:
     import torch
 except ImportError as exc:  # pragma: no cover - depends on the installed extras
     raise ImportError(
-        "horo's PyTorch support needs torch. HINT: pip install horo[lightning] (pins torch and "
-        "pytorch-lightning)."
+        "horo's PyTorch support needs torch. HINT: pip install torch, or 'horo[torch]' ('horo[lightning]' "
+        "for Lightning too)."
     ) from exc
 
 from ..core.dtypes import BFLOAT16

@@ -4,7 +4,8 @@ Usage: ``hororun -np N [-H host1:2,host2:2 | --hostfile F] [--timeline-filename 
 [--tag-output] [--ssh-command CMD] [--network-interface IFACE] [--hierarchical-allreduce]
 [--hierarchical-allgather] [--verbose] [--mpiexec PATH] python train.py ...``; also ``python -m horo.run``.
 Process management is mpiexec's; hororun adds Horovod's flags, a hook that makes a failing rank end the whole
-job fast, and clean-up so no rank outlives the job.
+job fast, and clean-up so no rank outlives the job. Horovod's ``HOROVOD_*`` tuning variables work as they are
+(see ``horo.core.config``); TensorFlow's C++ start-up banners are kept off unless ``--verbose``.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from horo.core.config import horo_name
 from horo.run.args import UsageError, parse_args
 from horo.run.hosts import (
     HostParseError,
@@ -33,16 +35,24 @@ __all__ = ["RANK_HOOK_DIR", "main"]
 #: Put on every rank's PYTHONPATH; its sitecustomize makes a failing rank end the job (see there).
 RANK_HOOK_DIR = str(Path(__file__).resolve().parent / "rank_hook")
 
+#: Frameworks' own log-level variables, set for the ranks unless ``--verbose`` or the user set them:
+#: TensorFlow's C++ start-up banners (CPU features, oneDNN, CUDA probing) are INFO and WARNING lines that
+#: no user can act on, repeated by every rank. Level 2 keeps C++ errors; Python warnings are untouched.
+QUIET_ENV = {"TF_CPP_MIN_LOG_LEVEL": "2"}
+
 
 def _usage_error(message: str) -> int:
     print(f"hororun: error: {message}", file=sys.stderr)
     return 2
 
 
-def _rank_env(base: dict[str, str], timeline: str | None, np_: int | None = None) -> dict[str, str]:
+def _rank_env(base: dict[str, str], timeline: str | None, np_: int | None = None,
+              verbose: bool = False) -> dict[str, str]:
     """The variables hororun adds or changes for the ranks."""
     path = base.get("PYTHONPATH")
     extra = {"PYTHONPATH": RANK_HOOK_DIR + (os.pathsep + path if path else "")}
+    if not verbose:
+        extra.update({k: v for k, v in QUIET_ENV.items() if not base.get(k)})  # empty counts as unset
     if np_ is not None and np_ > (os.cpu_count() or 1) and "MPIR_CVAR_ENABLE_HEAVY_YIELD" not in base:
         # More ranks than cores: MPICH's busy-polling ranks would steal the cores the others compute on.
         extra["MPIR_CVAR_ENABLE_HEAVY_YIELD"] = "1"
@@ -132,7 +142,7 @@ def main(argv: list[str] | None = None) -> int:
                 "HINT: give the path of an ssh-like program, called as 'CMD [options] HOST COMMAND...'."
             )
     flavor = detect_flavor(mpiexec)
-    extra = _rank_env(dict(os.environ), ns.timeline, ns.np)
+    extra = _rank_env(dict(os.environ), ns.timeline, ns.np, ns.verbose)
     extra.update(ns.autotune_env)
     if ns.hierarchical_allreduce:
         extra["HORO_HIERARCHICAL_ALLREDUCE"] = "1"
@@ -144,8 +154,10 @@ def main(argv: list[str] | None = None) -> int:
         genv["HORO_TIMELINE"] = extra["HORO_TIMELINE"]
     if flavor == OPENMPI or any_remote(hosts or file_hosts) or ssh_command:
         # Local ranks inherit mpiexec's environment; ranks on other hosts get only what is named here
-        # (Open MPI forwards nothing by default).
-        genv.update({k: v for k, v in env.items() if k.startswith("HORO_")})
+        # (Open MPI forwards nothing by default). Horovod's names go as they are: each rank resolves them,
+        # so a HORO_/HOROVOD_ conflict is warned about once, by rank 0.
+        genv.update({k: v for k, v in env.items() if k.startswith("HORO_") or horo_name(k)})
+        genv.update({k: env[k] for k in QUIET_ENV if k in extra})
         genv["PYTHONPATH"] = env["PYTHONPATH"]
     if flavor == OPENMPI and (any_remote(hosts or file_hosts) or ssh_command):
         # As horovodrun does, the ranks on other hosts get the user's environment (KERAS_BACKEND, PATH,

@@ -69,7 +69,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--tag-output", action="store_true",
                         help="prefix every output line with the rank that printed it")
     parser.add_argument("--verbose", "-v", action="store_true",
-                        help="print the exact mpiexec command line before running it")
+                        help="print the exact mpiexec command line before running it, and let the "
+                             "frameworks' start-up banners through (TF_CPP_MIN_LOG_LEVEL)")
     parser.add_argument("--ssh-command", dest="ssh_command", metavar="CMD",
                         help="program the MPI launcher runs instead of ssh to start its daemons on other hosts, "
                              "called as 'CMD [options] HOST COMMAND...' (default: $HORO_SSH, else ssh)")

@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-import contextlib
 import importlib
 import importlib.metadata
 import importlib.util
 import os
-import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
+
+from horo.plugins.quiet import quiet_import
 
 __all__ = ["check_build", "probe_module"]
 
@@ -21,24 +21,6 @@ _FRAMEWORKS = (
     ("PyTorch", "torch"),
     ("PyTorch Lightning", "pytorch_lightning"),
 )
-
-
-@contextlib.contextmanager
-def _quiet_stderr_fd() -> Iterator[None]:
-    """Send fd 2 to /dev/null meanwhile: TensorFlow logs from C++ at import, ignoring TF_CPP_MIN_LOG_LEVEL."""
-    try:
-        sys.stderr.flush()
-        saved = os.dup(2)
-    except (OSError, ValueError):
-        yield
-        return
-    try:
-        with open(os.devnull, "wb") as null:
-            os.dup2(null.fileno(), 2)
-        yield
-    finally:
-        os.dup2(saved, 2)
-        os.close(saved)
 
 
 def probe_module(name: str) -> tuple[Any | None, str]:
@@ -121,7 +103,8 @@ def check_build() -> str:
     lines = [f"horo v{version}:", "", "Available frameworks:"]
     for label, name in _FRAMEWORKS:
         # Import failures are still reported: probe_module returns them as text.
-        with _quiet_stderr_fd():
+        # TensorFlow logs from C++ at import, partly before it reads TF_CPP_MIN_LOG_LEVEL.
+        with quiet_import(name, level=3):
             module, detail = probe_module(name)
         lines.append(_row(label, module is not None, detail))
 

@@ -25,6 +25,7 @@ from ..plugins.tensorflow import (
     broadcast,
     broadcast_variables,
     grouped_allreduce,
+    import_tf,
     reducescatter,
 )
 from . import elastic
@@ -37,3 +38,5 @@ __all__ = [
     "broadcast_object", "allgather_object", "barrier", "join", "broadcast_variables",
     "DistributedGradientTape", "shard_dataset", "steps_per_epoch", "elastic",
 ]
+
+import_tf()  # fail at import, naming the packages to install, rather than at the first collective

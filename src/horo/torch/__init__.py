@@ -1,8 +1,8 @@
 """horo for PyTorch: ``import horo.torch as hvd`` (Horovod's ``horovod.torch`` API on horo's MPI core).
 
 Collectives take and return torch tensors (CPU tensors move without copies); the out-of-place ones are
-differentiable. ``DistributedOptimizer`` averages gradients while backward runs. Needs the ``lightning``
-extra (``pip install horo[lightning]``) or any torch install.
+differentiable. ``DistributedOptimizer`` averages gradients while backward runs. Needs torch (the
+``torch`` extra, ``pip install 'horo[torch]'``, or any torch in the supported range).
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from __future__ import annotations
 try:
     import torch as _torch  # noqa: F401
 except ImportError as _exc:  # pragma: no cover - depends on the installed extras
-    raise ImportError("horo.torch needs PyTorch. HINT: pip install horo[lightning]") from _exc
+    raise ImportError("horo.torch needs PyTorch. HINT: pip install torch, or 'horo[torch]'") from _exc
 
 # Runtime queries, ops, errors, process sets: shared by every facade.
 from .._facade import *  # noqa: F403

@@ -1,0 +1,135 @@
+"""Install as users do: metadata ranges, ``horo.__version__``, and the built wheel in a fresh venv.
+
+The wheel test builds the sdist and the wheel (``python -m build``), installs the wheel with the
+``lightning`` extra into a new venv (with constraints.txt, so torch stays this machine's CPU build), and
+runs examples/lightning_fit.py on 2 ranks through the venv's own ``hororun``.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+import pytest
+import tomllib
+
+import horo
+
+REPO = Path(__file__).resolve().parents[1]
+PYPROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())
+WHEEL_TIMEOUT = 900.0
+FRAMEWORKS = ("torch", "tensorflow", "tensorflow-cpu", "keras", "pytorch-lightning")
+
+
+def _name(req: str) -> str:
+    return re.split(r"[<>=!~;\[ ]", req, maxsplit=1)[0].strip().lower()
+
+
+def test_version_matches_metadata() -> None:
+    assert horo.__version__ == importlib.metadata.version("horo") == PYPROJECT["project"]["version"]
+
+
+def test_extras_state_ranges_and_constraints_pin() -> None:
+    extras = PYPROJECT["project"]["optional-dependencies"]
+    for extra, reqs in extras.items():
+        for req in reqs:
+            if _name(req) in FRAMEWORKS:
+                assert "==" not in req and ">=" in req, f"horo[{extra}] pins {req!r}: state a tested range"
+    # The TF extras must not force the CPU build on a GPU machine: only the explicit one names it.
+    assert not any(_name(r) == "tensorflow-cpu" for e, rs in extras.items() if e != "tensorflow-cpu" for r in rs)
+    assert any(_name(r) == "tensorflow" for r in extras["tensorflow"])
+    pins = {_name(ln): ln for ln in (REPO / "constraints.txt").read_text().splitlines()
+            if ln.strip() and not ln.startswith("#")}
+    assert pins["torch"].startswith("torch==")
+    assert "-c $(CONSTRAINTS)" in (REPO / "Makefile").read_text()
+
+
+def _run(cmd: list[str], timeout: float, **kw: object) -> subprocess.CompletedProcess[str]:
+    """Run ``cmd`` in its own process group; the whole group is killed on timeout and afterwards."""
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace",
+                            start_new_session=True, **kw)
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, _ = proc.communicate()
+        pytest.fail(f"timed out after {timeout:.0f}s: {cmd}\n{out[-6000:]}")
+    finally:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)  # nothing it started may outlive it
+        except ProcessLookupError:
+            pass
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, "")
+
+
+@pytest.mark.mpi
+@pytest.mark.timeout(WHEEL_TIMEOUT + 60)
+def test_wheel_in_fresh_venv_runs_lightning_example(tmp_path: Path) -> None:
+    pytest.importorskip("build", reason="pip install 'horo[test]' (python -m build)")
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV", "HORO_SELF_LAUNCHED")}
+    env.update(OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    dist = tmp_path / "dist"
+    res = _run([sys.executable, "-m", "build", "--outdir", str(dist), str(REPO)], 300, env=env)
+    assert res.returncode == 0, res.stdout[-6000:]
+    version = PYPROJECT["project"]["version"]
+    wheel, sdist = dist / f"horo-{version}-py3-none-any.whl", dist / f"horo-{version}.tar.gz"
+    assert wheel.is_file() and sdist.is_file(), sorted(p.name for p in dist.iterdir())
+    with tarfile.open(sdist) as tar:  # the sdist can run the suite: tests, examples, pins
+        names = set(tar.getnames())
+    for part in ("constraints.txt", "tests/mpi/test_allreduce.py", "examples/lightning_fit.py"):
+        assert f"horo-{version}/{part}" in names, part
+
+    venv = tmp_path / "venv"
+    try:
+        _install_and_run(venv, wheel, version, env, tmp_path)
+    finally:
+        shutil.rmtree(venv, ignore_errors=True)  # about 1 GB with torch; pytest keeps recent tmp dirs
+
+
+def _install_and_run(venv: Path, wheel: Path, version: str, env: dict[str, str], tmp_path: Path) -> None:
+    res = _run([sys.executable, "-m", "venv", str(venv)], 120, env=env)
+    assert res.returncode == 0, res.stdout
+    py = str(venv / "bin" / "python")
+    res = _run([py, "-m", "pip", "install", "--disable-pip-version-check", "-q", "-c", str(REPO / "constraints.txt"),
+                f"{wheel}[lightning]"], 600, env=env)
+    assert res.returncode == 0, res.stdout[-6000:]
+    probe = ("import importlib.metadata as m, horo, torch; "
+             "print('PROBE', horo.__version__, m.version('horo'), torch.__version__, horo.__file__)")
+    res = _run([py, "-c", probe], 120, env=env, cwd=tmp_path)
+    assert res.returncode == 0, res.stdout
+    _, ver, meta, torch_version, where = next(ln for ln in res.stdout.splitlines() if ln.startswith("PROBE")).split()
+    assert ver == meta == version
+    assert where.startswith(str(venv)), where  # the wheel's copy, not this checkout's
+    pin = next(ln for ln in (REPO / "constraints.txt").read_text().splitlines() if ln.startswith("torch=="))
+    assert torch_version.split("+")[0] == pin.split("==")[1], torch_version
+
+    res = _run([str(venv / "bin" / "hororun"), "-np", "2", py, str(REPO / "examples" / "lightning_fit.py")], 300,
+               env=env, cwd=tmp_path)
+    assert res.returncode == 0, res.stdout[-6000:]
+    sums = dict(re.findall(r"rank (\d)/2: weights checksum (\S+)", res.stdout))
+    assert set(sums) == {"0", "1"} and sums["0"] == sums["1"], res.stdout[-6000:]
+
+
+@pytest.mark.parametrize("module,backend", [("horo.keras", "tensorflow"), ("horo.keras", "torch"),
+                                            ("horo.tensorflow", "tensorflow")])
+def test_missing_framework_is_named_at_import(module: str, backend: str) -> None:
+    # The extras leave TensorFlow's build (tensorflow or tensorflow-cpu) to the user; without either, the
+    # import must say what to install. A None entry in sys.modules makes `import <name>` fail as if absent.
+    blocked = "tensorflow" if backend == "tensorflow" else "torch"
+    code = f"import sys; sys.modules[{blocked!r}] = None; import {module}"
+    env = dict(os.environ, KERAS_BACKEND=backend)
+    res = _run([sys.executable, "-c", code], 120, env=env)
+    assert res.returncode != 0
+    last = res.stdout.strip().splitlines()[-1]
+    assert last.startswith("ImportError: "), res.stdout[-3000:]
+    if blocked == "tensorflow":
+        assert "neither tensorflow nor tensorflow-cpu is installed" in last and "pip install tensorflow" in last
+    else:
+        assert "torch is not installed" in last and "pip install torch" in last
