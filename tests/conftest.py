@@ -9,6 +9,7 @@ fixture (the facade it tests); ``world``, ``rank`` and ``multi`` below build on 
 
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
 
@@ -21,6 +22,41 @@ for _name, _value in (("OMPI_ALLOW_RUN_AS_ROOT", "1"), ("OMPI_ALLOW_RUN_AS_ROOT_
     os.environ.setdefault(_name, _value)
 
 _HERE = Path(__file__).parent.resolve()
+_SHM = Path("/dev/shm")
+# Open MPI's shared-memory segments. A rank that is SIGKILLed (as the failure tests do) or that skips
+# MPI_Finalize never unlinks its own, so the suite removes the ones it leaves behind.
+_SHM_GLOB = "sm_segment.*"
+_shm_before: set[str] = set()
+
+
+def _mapped_shm() -> set[str]:
+    """Names of /dev/shm files some live process still maps."""
+    names: set[str] = set()
+    for maps in Path("/proc").glob("[0-9]*/maps"):
+        try:
+            text = maps.read_text()
+        except OSError:  # the process ended, or is not ours to read
+            continue
+        names.update(line.rsplit("/", 1)[1] for line in text.splitlines() if " /dev/shm/" in line)
+    return names
+
+
+def _in_rank() -> bool:
+    return any(v in os.environ for v in ("OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK"))
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    if not _in_rank() and _SHM.is_dir():
+        _shm_before.update(p.name for p in _SHM.glob(_SHM_GLOB))
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    if _in_rank() or not _SHM.is_dir():
+        return
+    left = {p.name for p in _SHM.glob(_SHM_GLOB)} - _shm_before
+    for name in left - _mapped_shm():
+        with contextlib.suppress(OSError):
+            (_SHM / name).unlink()
 _RANK_ONLY = tuple(_HERE / d for d in ("mpi", "mpi_keras", "mpi_torch"))
 
 
