@@ -39,7 +39,7 @@ def allreduce_async(tensor: Any, average: bool | None = None, name: str | None =
     what = "horo.allreduce_async"
     ps = resolve(process_set, what)
     arr = host(tensor, what)
-    req = _allreduce_req(arr, np.empty(arr.shape, arr.dtype), name, op, average, prescale_factor,
+    req = _allreduce_req(arr, mpi_ops.result_buffer(arr.shape, arr.dtype), name, op, average, prescale_factor,
                          postscale_factor, what)
     return submit(ps.engine, req)
 

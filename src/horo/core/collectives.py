@@ -113,7 +113,7 @@ def reduce_group(comm: Any, arrs: Sequence[np.ndarray], op: ReduceOp, pre: float
         # Every exchange of the hierarchical path costs network round trips (leaders) plus two in-host steps:
         # one packed exchange per dtype beat one per large tensor 2x on the bed (docs/multihost.md).
         threshold = max(threshold, sum(a.nbytes for a in arrs) + 1)
-    results: list[np.ndarray] = [np.empty(a.shape, a.dtype) for a in arrs] if outs is None else list(outs)
+    results = [mpi_ops.result_buffer(a.shape, a.dtype) for a in arrs] if outs is None else list(outs)
     small: dict[np.dtype, list[int]] = {}
     for i, a in enumerate(arrs):
         if a.nbytes < threshold:

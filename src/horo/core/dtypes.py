@@ -22,6 +22,7 @@ SUPPORTED_DTYPES: tuple[np.dtype, ...] = tuple(
 ) + ((BFLOAT16,) if BFLOAT16 is not None else ())
 
 _SUPPORTED = set(SUPPORTED_DTYPES)
+_UPCAST = frozenset(d for d in (np.dtype(np.float16), BFLOAT16) if d is not None)
 _NAMES = ", ".join(sorted(str(d) for d in SUPPORTED_DTYPES))
 
 
@@ -31,7 +32,7 @@ def dtype_name(dtype: np.dtype) -> str:
 
 def needs_upcast(dtype: np.dtype) -> bool:
     """16-bit floats are reduced in float32: MPI has no bfloat16 (or portable float16) reduction."""
-    return dtype == np.float16 or (BFLOAT16 is not None and dtype == BFLOAT16)
+    return dtype in _UPCAST
 
 
 def check_dtype(dtype: np.dtype, arg: str = "tensor") -> None:

@@ -49,15 +49,20 @@ def _hash(sig: Signature) -> int:
     return h
 
 
-_BUFFERS: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+_BUFFERS: dict[int, tuple[int, np.ndarray, np.ndarray, list[Any], list[Any]]] = {}
 
 
-def _buffers(comm: Any) -> tuple[np.ndarray, np.ndarray]:
-    # Reused per communicator: this runs before every synchronous collective.
+def _buffers(comm: Any) -> tuple[int, np.ndarray, np.ndarray, list[Any], list[Any]]:
+    # Reused per communicator: this runs before every synchronous collective. The typed buffer specs spare
+    # mpi4py a format parse per call (~0.4 µs).
     key = comm.py2f()
     bufs = _BUFFERS.get(key)
-    if bufs is None or bufs[1].shape[0] != 2 * comm.Get_size():
-        bufs = _BUFFERS[key] = (np.empty(2, dtype=np.int64), np.empty(2 * comm.Get_size(), dtype=np.int64))
+    size = comm.Get_size()
+    if bufs is None or bufs[0] != size:
+        from mpi4py import MPI
+
+        send, recv = np.empty(2, dtype=np.int64), np.empty(2 * size, dtype=np.int64)
+        bufs = _BUFFERS[key] = (size, send, recv, [send, MPI.INT64_T], [recv, MPI.INT64_T])
     return bufs
 
 
@@ -74,13 +79,13 @@ def exchange(comm: Any, sig: Signature, payload: int = 0) -> tuple[list[int], li
         The per-rank payloads, and the per-rank signatures when they differ (else None).
     """
     h = _hash(sig)
-    send, recv = _buffers(comm)
+    _, send, recv, send_spec, recv_spec = _buffers(comm)
     send[0] = h
     send[1] = payload
     BLOCKED.seq += 1
     BLOCKED.comm = comm
     try:
-        comm.Allgather(send, recv)
+        comm.Allgather(send_spec, recv_spec)
     finally:
         BLOCKED.comm = None
     values = recv.tolist()
