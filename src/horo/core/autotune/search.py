@@ -107,14 +107,21 @@ class Search:
 
         Settings of the continuous search are rated by the Gaussian process's posterior mean at the point
         rather than by their own score: on a noisy machine the highest single trial is often a lucky draw
-        (Horovod keeps the raw maximum). The other value of an on/off knob, tried once, keeps its score.
+        (Horovod keeps the raw maximum). The other value of an on/off knob, tried once at a point of the
+        continuous search, is rated like with like: that point's rating times the ratio of the two raw scores
+        measured there (a raw score against a posterior mean favoured whichever was rated raw).
         """
-        est = dict(self.history)  # knobs -> score (a setting tried twice keeps its last score)
+        raw = dict(self.history)  # knobs -> score (a setting tried twice keeps its last score)
+        est = dict(raw)
         fit = self._fit(self.start.cache_enabled)
         if fit is not None:
             gp, x, hist, mu, sd = fit
             for (k, _), m in zip(hist, gp.predict(x) * sd + mu):
                 est[k] = float(m)
+            for k, score in raw.items():
+                base = replace(k, cache_enabled=self.start.cache_enabled)
+                if k.cache_enabled != self.start.cache_enabled and base in est and raw[base] > 0:
+                    est[k] = est[base] * score / raw[base]
         return max(est.items(), key=lambda kv: kv[1])
 
     def first(self) -> Knobs:
