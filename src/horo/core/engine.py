@@ -117,6 +117,13 @@ class Engine:
         self.error: BaseException | None = None
         self.stuck_since: dict[tuple[int, int, int], float] = {}  # (rank, set id, seq) -> first seen stuck
         self._fusion: dict[np.dtype, np.ndarray] = {}
+        # Rounds run one at a time, on the engine thread or on a caller waiting in synchronize() while the
+        # engine thread is parked: that caller then needs no hand-off to the engine and back (two thread
+        # wake-ups, most of a small op's latency). GPU work keeps to the engine thread (its streams).
+        self.round_lock = threading.Lock()
+        self.host_only = True
+        self.finished = False
+        self.last_round = 0.0
         self.thread = threading.Thread(target=self._main, name=f"horo-engine-{ranks[:4]}", daemon=True)
         self.thread.start()
 
@@ -142,6 +149,8 @@ class Engine:
                 )
             req.engine = self
             self.pending[req.name] = req
+            if self.host_only and dict(req.sig).get("device"):
+                self.host_only = False
             self.cv.notify()
 
     def join(self) -> int:
@@ -170,9 +179,24 @@ class Engine:
 
     # ---- engine thread ---------------------------------------------------------------------------
     def _main(self) -> None:
+        while True:
+            with self.cv:
+                if not self.pending and not self.shutdown_requested and not self.joined:
+                    self.cv.wait(timeout=self.idle_s)
+            with self.round_lock:
+                if self.finished:
+                    return
+                idle = not self.pending and not self.shutdown_requested and not self.joined
+                if idle and time.monotonic() - self.last_round < self.idle_s:
+                    continue  # a caller ran a round meanwhile: idle ranks still tick once per cycle
+                if self.run_round():
+                    return
+
+    def run_round(self) -> bool:
+        """Run one round (the caller holds ``round_lock``); True once the engine has finished or failed."""
         try:
-            while not self._round():
-                pass
+            if self._round():
+                self.finished = True
         except BaseException as exc:  # noqa: BLE001 - any failure must reach the waiting callers
             if is_process_failure(exc):
                 err: BaseException = process_failure(exc, "horo's background engine")
@@ -181,7 +205,20 @@ class Engine:
                     f"horo's background engine failed: {type(exc).__name__}: {exc}")
             if isinstance(err, StallError):
                 state.fatal = err  # every later horo call on this rank raises it too
+            self.finished = True
             self._fail_all(err)
+        return self.finished
+
+    def help(self, req: Request) -> None:
+        """From a caller waiting for ``req``: run rounds on this thread while the engine thread is parked."""
+        while not req.done.is_set() and self.host_only and not self.finished:
+            if not self.round_lock.acquire(blocking=False):
+                return  # the engine thread is in a round: it goes on until ``req`` is done
+            try:
+                if not req.done.is_set() and not self.finished:
+                    self.run_round()
+            finally:
+                self.round_lock.release()
 
     def _fail_all(self, err: BaseException) -> None:
         with self.cv:
@@ -215,11 +252,10 @@ class Engine:
 
     def _round(self) -> bool:
         with self.cv:
-            if not self.pending and not self.shutdown_requested and not self.joined:
-                self.cv.wait(timeout=self.idle_s)
             snapshot = list(self.pending.values())
             shutting = self.shutdown_requested
         self.round_no += 1
+        self.last_round = time.monotonic()
         words = (len(self.cache_sigs) + 63) // 64
         tune = _TUNE if self.tuning else 0
         hdr = np.zeros(_HDR + tune + words, dtype=np.int64)
@@ -613,6 +649,8 @@ def poll(handle: int) -> bool:
 def synchronize(handle: int) -> Any:
     """Wait for the async op behind ``handle`` and return its result (raising its error, if any)."""
     req = _get(handle)
+    if req.engine is not None:
+        req.engine.help(req)
     while not req.done.wait(0.5):
         eng = req.engine
         if eng is not None and not eng.thread.is_alive() and not req.done.is_set():
