@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from . import mpi_ops
+from . import mpi_ops, watchdog
 from .autotune.settings import Knobs
 from .config import config
 from .errors import HoroError, HoroInternalError, MismatchError, StallError
@@ -279,13 +279,23 @@ class Engine:
                   | (_LEAVING if state.leaving else 0) | _blocked_word()
                   | (_TUNED if tune and self.tuner is not None and self.tuner.done else 0))
         recv = np.empty((self.n, _HDR + tune + words), dtype=np.int64)
-        with blocking("a round of the background engine"):
+        if watchdog.enabled():
+            with blocking("a round of the background engine"):
+                self._wait(self.comm.Iallgather(hdr, recv))
+        else:
             self._wait(self.comm.Iallgather(hdr, recv))
         t_round = time.perf_counter()
-        flags = recv[:, 0]
-        entered = recv[:, 1]
-        self.late_now = [self.ranks[r] for r in np.nonzero(entered > entered.min() + 1000)[0].tolist()]
-        self.absent = set(np.nonzero(flags & _JOINED)[0].tolist())
+        # Plain ints from here: a round runs per small op, and each numpy call on a tiny array costs ~1 µs.
+        flags = recv[:, 0].tolist()
+        any_flag, all_flag = 0, -1
+        for f in flags:
+            any_flag |= f
+            all_flag &= f
+        if timeline.active:  # only the timeline reports late ranks
+            entered = recv[:, 1].tolist()
+            first = min(entered)
+            self.late_now = [self.ranks[r] for r, e in enumerate(entered) if e > first + 1000]
+        self.absent = {r for r, f in enumerate(flags) if f & _JOINED} if any_flag & _JOINED else set()
         for r in self.absent:
             self.join_round.setdefault(r, self.round_no)
         if len(self.absent) == self.n:  # everyone has joined: leave join mode in this same round everywhere
@@ -294,11 +304,11 @@ class Engine:
             self.joined = False
             self.absent = set()
             self.join_done.set()
-        gathered = self.comm.allgather(uncached) if (flags & _UNCACHED).any() else None
-        if (flags & _STALLED).any():
+        gathered = self.comm.allgather(uncached) if any_flag & _UNCACHED else None
+        if any_flag & _STALLED:
             raise StallError(self._stall_message(stopping=True))
         ready, mismatched, partial = self._match(recv[:, _HDR + tune:], gathered)
-        leaving = np.nonzero(flags & _LEAVING)[0].tolist()
+        leaving = [r for r, f in enumerate(flags) if f & _LEAVING] if any_flag & _LEAVING else []
         if leaving:
             self._peers_left(flags, leaving, partial)
         for name, sigs in mismatched:
@@ -317,7 +327,7 @@ class Engine:
         if tune:  # after the whole round ran under the old setting, on every rank alike
             self._retune(recv[0, _HDR:_HDR + _TUNE], bool(flags[0] & _TUNED))
         self._inspect(partial, ready)
-        if (flags & _SHUTDOWN).all() and not ready:
+        if all_flag & _SHUTDOWN and not ready:
             if self.pending:
                 self._fail_all(HoroError(
                     "horo was shut down while collectives were still pending: "
@@ -328,6 +338,11 @@ class Engine:
     def _match(self, words: np.ndarray, gathered: list[list[tuple[str, Signature]]] | None
                ) -> tuple[list[str], list[tuple[str, list[Signature]]], dict[str, set[int]]]:
         """Decide, identically on every rank, what runs now, what mismatched, what is still waiting."""
+        if gathered is None and not self.absent and words.shape[1]:
+            both = np.bitwise_and.reduce(words, axis=0)
+            if np.array_equal(np.bitwise_or.reduce(words, axis=0), both):  # the steady state: all agree
+                bits = np.flatnonzero(np.unpackbits(both.view(np.uint8), bitorder="little")).tolist()
+                return [self.cache_names[b] for b in bits], [], {}
         ready_bits: list[int] = []
         partial: dict[str, set[int]] = {}
         holders: dict[int, set[int]] = {}
@@ -477,7 +492,8 @@ class Engine:
         except (HoroError, ValueError, TypeError) as exc:
             req.finish(error=exc)
             return
-        timeline.span(req.name, dict(req.sig).get("collective", "op").upper(), t0, timeline.now_us())
+        if timeline.active:
+            timeline.span(req.name, dict(req.sig).get("collective", "op").upper(), t0, timeline.now_us())
         req.finish(result)
 
     def _run_batch(self, batch: list[Request]) -> None:
@@ -513,7 +529,7 @@ class Engine:
             r.finish(r.out)
 
     # ---- peers that left ---------------------------------------------------------------------------
-    def _peers_left(self, flags: np.ndarray, leaving: list[int], partial: dict[str, set[int]]) -> None:
+    def _peers_left(self, flags: list[int], leaving: list[int], partial: dict[str, set[int]]) -> None:
         """Some ranks are in shutdown(): nothing still waiting for them can ever complete.
 
         This rank's own async collectives that miss a leaving rank fail now (HoroInternalError, as Horovod's

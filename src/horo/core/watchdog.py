@@ -25,7 +25,7 @@ from typing import Any, TypeVar
 
 from .config import config
 
-__all__ = ["EXIT_CODE", "blocking", "guarded", "progress"]
+__all__ = ["EXIT_CODE", "blocking", "enabled", "guarded", "progress"]
 
 EXIT_CODE = 1
 _ACTIVE: dict[int, tuple[str, float]] = {}  # thread id -> (what it waits in, since when)
@@ -33,6 +33,11 @@ _LOCK = threading.Lock()
 _THREAD: list[threading.Thread] = []
 
 F = TypeVar("F", bound=Callable[..., Any])
+
+
+def enabled() -> bool:
+    """Whether a stall limit is set (checking first spares a context manager per call when it is not)."""
+    return config.get("HORO_STALL_SHUTDOWN_TIME_SECONDS", 0.0) > 0
 
 
 @contextlib.contextmanager
@@ -70,7 +75,7 @@ def guarded(what: str) -> Callable[[F], F]:
         @wraps(fn)
         def inner(*args: Any, **kwargs: Any) -> Any:
             # Off by default: a context manager per call would cost ~3 µs on every small collective.
-            if config.get("HORO_STALL_SHUTDOWN_TIME_SECONDS", 0.0) <= 0:
+            if not enabled():
                 return fn(*args, **kwargs)
             with blocking(what):
                 return fn(*args, **kwargs)
