@@ -70,6 +70,7 @@ def _run(cmd: list[str], timeout: float, **kw: object) -> subprocess.CompletedPr
 
 
 @pytest.mark.mpi
+@pytest.mark.slow
 @pytest.mark.timeout(WHEEL_TIMEOUT + 60)
 def test_wheel_in_fresh_venv_runs_lightning_example(tmp_path: Path) -> None:
     pytest.importorskip("build", reason="pip install 'horo[test]' (python -m build)")
