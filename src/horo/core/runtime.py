@@ -67,15 +67,17 @@ def init(comm: Any = None, process_sets: Sequence[ProcessSet] | None = None) -> 
     from .autotune import setup as autotune_setup
     from .engine import Engine
 
-    try:
-        tune_opts, tuner = autotune_setup(world, Engine.configured_knobs())
-    except BaseException:
-        world.Free()
-        raise
     me = world.Get_rank()
     local = world.Split_type(MPI.COMM_TYPE_SHARED, key=me)
     cross = world.Split(local.Get_rank(), key=me)
     local_sizes = world.allgather(local.Get_size())
+    _network_chunk(world, local_sizes)
+    try:
+        tune_opts, tuner = autotune_setup(world, Engine.configured_knobs())
+    except BaseException:
+        for comm in (cross, local, world):
+            comm.Free()
+        raise
 
     state.world, state.local, state.cross = world, local, cross
     state.homogeneous = len(set(local_sizes)) == 1
@@ -159,6 +161,28 @@ def _shutdown_at_exit() -> None:
             from mpi4py import MPI
 
             MPI.COMM_WORLD.Abort(1)
+
+
+NETWORK_CHUNK_BYTES = 16 << 20
+
+
+def _network_chunk(world: Any, local_sizes: list[int]) -> None:
+    """Across hosts, large allreduces go in 16 MiB pieces unless the user set HORO_CHUNK_BYTES (collective).
+
+    The 1 MiB default keeps each call cache-sized on shared memory; over TCP every piece costs round trips.
+    On the emulated 1 Gbit/s cluster a 16 MiB allreduce in 1 MiB pieces ran at 0.50-0.73x raw MPI, in
+    16 MiB pieces at 1.01x (docs/multihost.md).
+    """
+    spans_hosts = local_sizes[0] < world.Get_size()  # the same on every rank
+    if not spans_hosts:
+        return
+    from .autotune import explicit_knobs
+
+    use = world.bcast("chunk_bytes" not in explicit_knobs() if world.Get_rank() == 0 else None, root=0)
+    if use:
+        from .config import config
+
+        config["HORO_CHUNK_BYTES"] = float(max(config.int("HORO_CHUNK_BYTES"), NETWORK_CHUNK_BYTES))
 
 
 def shutdown() -> None:
