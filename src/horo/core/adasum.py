@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import math
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -139,14 +139,27 @@ def _plan(starts: np.ndarray, ends: np.ndarray) -> list[tuple[int, int, list[tup
     return plan
 
 
-def _dots(a: np.ndarray, b: np.ndarray, starts: np.ndarray, ends: np.ndarray, blocks: _Blocks,
-          a_is_mine: bool) -> np.ndarray:
-    """``[[a·b, |a|², |b|²], ...]`` per segment ``[starts[i], ends[i])`` of ``a`` and ``b``, in float64."""
-    acc = [[0.0, 0.0, 0.0] for _ in range(starts.size)]
+def _combine(mine: np.ndarray, other: np.ndarray, starts: np.ndarray, ends: np.ndarray, blocks: _Blocks,
+             mine_is_a: bool, whole: np.ndarray | None = None,
+             group_sum: Callable[[np.ndarray], np.ndarray] | None = None) -> None:
+    """``mine = c_mine·mine + c_other·other`` per segment ``[starts[i], ends[i])`` (the pairwise rule).
+
+    The dot products and squared norms are accumulated in float64. ``group_sum`` adds them up over the
+    ranks holding the other pieces of the tensors (None: this rank holds every segment whole). A segment
+    marked in ``whole`` lies entirely here, so the others' parts of its sums are zeros: it is combined as
+    soon as its own sums are complete, while it is still in cache, without waiting for ``group_sum``.
+    """
+    n = starts.size
+    if whole is None:
+        whole = np.ones(n, dtype=bool) if group_sum is None else np.zeros(n, dtype=bool)
+    fused = whole.tolist()
+    last = ends.tolist()
+    acc = [[0.0, 0.0, 0.0] for _ in range(n)]  # [mine·other, |mine|², |other|²]
     dot = np.dot
     for lo, hi, segs in _plan(starts, ends):
-        x = blocks.load(a[lo:hi], "x")
-        y = blocks.load(b[lo:hi], "y")
+        x = blocks.load(mine[lo:hi], "x")
+        y = blocks.load(other[lo:hi], "y")
+        done = []
         for i, s, e in segs:
             r = acc[i]
             for k in range(s, e, _DOT):
@@ -154,48 +167,64 @@ def _dots(a: np.ndarray, b: np.ndarray, starts: np.ndarray, ends: np.ndarray, bl
                 r[0] += float(dot(xs, ys))
                 r[1] += float(dot(xs, xs))
                 r[2] += float(dot(ys, ys))
-    out = np.array(acc, dtype=np.float64).reshape(-1, 3)
-    if not a_is_mine:
-        out[:, [1, 2]] = out[:, [2, 1]]
-    return out
+            if fused[i] and lo + e == last[i]:
+                done.append(i)
+        if done:  # x and y are free again: _scaled_add may use them
+            sums = np.array([acc[i] for i in done], dtype=np.float64)
+            c_mine, c_other = coefficients(sums[:, 0], sums[:, 1], sums[:, 2])
+            _scaled_add(mine, other, [(i, int(starts[i]), last[i]) for i in done], c_mine.tolist(),
+                        c_other.tolist(), blocks)
+    rest = [i for i in range(n) if not fused[i] and last[i] > starts[i]]
+    if group_sum is None and not rest:
+        return
+    nd = np.array(acc, dtype=np.float64).reshape(-1, 3)
+    if not mine_is_a:  # the group adds [a·b, |a|², |b|²], the lower-rank group's vector being a
+        nd[:, [1, 2]] = nd[:, [2, 1]]
+    if group_sum is not None:
+        nd = group_sum(nd.reshape(-1)).reshape(-1, 3)
+    if rest:
+        ca, cb = coefficients(nd[rest, 0], nd[rest, 1], nd[rest, 2])
+        c_mine, c_other = (ca, cb) if mine_is_a else (cb, ca)
+        _scaled_add(mine, other, [(i, int(starts[i]), last[i]) for i in rest], c_mine.tolist(),
+                    c_other.tolist(), blocks)
 
 
-def _scaled_add(mine: np.ndarray, other: np.ndarray, starts: np.ndarray, ends: np.ndarray,
-                c_mine: np.ndarray, c_other: np.ndarray, blocks: _Blocks) -> None:
-    """``mine = c_mine·mine + c_other·other`` per segment, in float64, rounded once into ``mine``."""
-    cm, co = c_mine.tolist(), c_other.tolist()
-    for lo, hi, segs in _plan(starts, ends):
-        if blocks.f64:
-            x, y = blocks.x[:hi - lo], blocks.y[:hi - lo]
-            for i, s, e in segs:
-                np.multiply(mine[lo + s:lo + e], cm[i], out=x[s:e])
-                np.multiply(other[lo + s:lo + e], co[i], out=y[s:e])
-            np.add(x, y, out=mine[lo:hi])
-            continue
-        if blocks.f32:  # float32 arithmetic, float32 coefficients: see the module docstring
-            t = blocks.t[:hi - lo]
-            for i, s, e in segs:
-                m = mine[lo + s:lo + e]
-                np.multiply(m, np.float32(cm[i]), out=m)
-                np.multiply(other[lo + s:lo + e], np.float32(co[i]), out=t[s:e])
-            np.add(mine[lo:hi], t, out=mine[lo:hi])
-            continue
-        x = blocks.load(mine[lo:hi], "x")
-        y = blocks.load(other[lo:hi], "y")
-        for i, s, e in segs:
-            np.multiply(x[s:e], cm[i], out=x[s:e])
-            np.multiply(y[s:e], co[i], out=y[s:e])
-        np.add(x, y, out=x)
-        blocks.store(x, mine[lo:hi])
+def _scaled_add(mine: np.ndarray, other: np.ndarray, ranges: list[tuple[int, int, int]], c_mine: list[float],
+                c_other: list[float], blocks: _Blocks) -> None:
+    """``mine[s:e] = c_mine[j]·mine[s:e] + c_other[j]·other[s:e]`` for the j-th ``(segment, s, e)`` of ranges.
+
+    float32 computes in float32 with the coefficients rounded to float32 (see the module docstring);
+    the other dtypes compute in float64 and round once.
+    """
+    for (_, s0, e0), cm, co in zip(ranges, c_mine, c_other):
+        if blocks.f32:
+            cm32, co32 = np.float32(cm), np.float32(co)
+        for s in range(s0, e0, _BLOCK):
+            e = min(s + _BLOCK, e0)
+            m = mine[s:e]
+            if blocks.f32:
+                t = blocks.t[:e - s]
+                np.multiply(m, cm32, out=m)
+                np.multiply(other[s:e], co32, out=t)
+                np.add(m, t, out=m)
+            elif blocks.f64:
+                x, y = blocks.x[:e - s], blocks.y[:e - s]
+                np.multiply(m, cm, out=x)
+                np.multiply(other[s:e], co, out=y)
+                np.add(x, y, out=m)
+            else:
+                x = blocks.load(m, "x")
+                x *= cm
+                y = blocks.load(other[s:e], "y")
+                y *= co
+                x += y
+                blocks.store(x, m)
 
 
 def pairwise(a: np.ndarray, b: np.ndarray, segments: Sequence[int] | None = None) -> np.ndarray:
     """Combine flat ``a`` with ``b`` in place (``a`` receives the result) by the rule above; local only."""
     starts, ends = _segment_bounds(a.size, segments)
-    blocks = _Blocks(a.dtype)
-    nd = _dots(a, b, starts, ends, blocks, a_is_mine=True)
-    ca, cb = coefficients(nd[:, 0], nd[:, 1], nd[:, 2])
-    _scaled_add(a, b, starts, ends, ca, cb, blocks)
+    _combine(a, b, starts, ends, _Blocks(a.dtype), mine_is_a=True)
     return a
 
 
@@ -271,9 +300,7 @@ def _reduce(comm: Any, buf: np.ndarray, starts: np.ndarray, ends: np.ndarray, si
     if rank < extra:
         comm.Recv(_bytes(recv[:total]), source=rank + p, tag=_TAG)
         traffic["received"] += buf.nbytes
-        nd = _dots(buf, recv, starts, ends, blocks, a_is_mine=True)
-        ca, cb = coefficients(nd[:, 0], nd[:, 1], nd[:, 2])
-        _scaled_add(buf, recv, starts, ends, ca, cb, blocks)
+        _combine(buf, recv, starts, ends, blocks, mine_is_a=True)
     lo, cnt = 0, total
     history: list[tuple[int, int, bool]] = []
     level = 1
@@ -290,11 +317,9 @@ def _reduce(comm: Any, buf: np.ndarray, starts: np.ndarray, ends: np.ndarray, si
         # this rank's piece of every tensor, relative to the kept window
         s = np.clip(starts, keep_lo, keep_lo + keep_n) - keep_lo
         e = np.clip(ends, keep_lo, keep_lo + keep_n) - keep_lo
-        mine = buf[keep_lo:keep_lo + keep_n]
-        nd = _dots(mine, other, s, e, blocks, a_is_mine=left)
-        nd = _group_sum(comm, nd.reshape(-1), rank, level).reshape(-1, 3)
-        ca, cb = coefficients(nd[:, 0], nd[:, 1], nd[:, 2])
-        _scaled_add(mine, other, s, e, ca if left else cb, cb if left else ca, blocks)
+        whole = (starts >= keep_lo) & (ends <= keep_lo + keep_n)  # no other rank holds a piece of these
+        _combine(buf[keep_lo:keep_lo + keep_n], other, s, e, blocks, mine_is_a=left, whole=whole,
+                 group_sum=lambda v, lv=level: _group_sum(comm, v, rank, lv))
         history.append((lo, cnt, left))
         lo, cnt = keep_lo, keep_n
         level <<= 1
