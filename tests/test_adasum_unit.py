@@ -1,0 +1,97 @@
+"""horo.core.adasum's local arithmetic (one process): the pairwise rule per segment over work blocks.
+
+The MPI suites (tests/mpi/test_adasum.py at 1-6 ranks) test the whole reduction against the float64
+reference; these pin the block machinery: tensors cut across blocks and ``ddot`` slices, many small tensors
+in one block, empty ones, and the early combine of tensors held whole (bit-identical to the late one).
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from horo.core import adasum
+
+sys.path.insert(0, str(Path(__file__).parent / "mpi"))
+from adasum_ref import pair  # noqa: E402
+
+RTOL = {np.dtype(np.float64): 1e-12, np.dtype(np.float32): 1e-5, np.dtype(np.float16): 4e-3}
+DTYPES = list(RTOL)
+
+
+@pytest.fixture(params=["small blocks", "real blocks"])
+def blocks(request, monkeypatch):
+    """Tiny blocks and ddot slices make every cut happen on small inputs; then the real sizes."""
+    if request.param == "small blocks":
+        monkeypatch.setattr(adasum, "_BLOCK", 64)
+        monkeypatch.setattr(adasum, "_DOT", 16)
+    monkeypatch.setattr(adasum, "_LOCAL", type(adasum._LOCAL)())  # fresh scratch for these sizes
+    return request.param
+
+
+def _segments(block: int) -> list[int]:
+    return [1, 3, block - 1, 2, 0, block + 5, 7 * block + 3, 0, 17, 2 * block, 1]
+
+
+def _inputs(sizes: list[int], dtype: np.dtype, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    n = sum(sizes)
+    a = rng.standard_normal(n)
+    b = rng.standard_normal(n) * rng.uniform(0.1, 10.0)
+    b[: n // 3] = -0.7 * a[: n // 3]  # partly antiparallel: coefficients far from 1
+    return a.astype(dtype), b.astype(dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: d.name)
+def test_pairwise_per_segment_against_float64_reference(blocks, dtype) -> None:
+    sizes = _segments(adasum._BLOCK)
+    a, b = _inputs(sizes, dtype, 1)
+    got = adasum.pairwise(a.copy(), b.copy(), sizes)
+    off = 0
+    for n in sizes:
+        ref = pair(a[off:off + n], b[off:off + n])
+        scale = float(np.max(np.abs(ref))) if n else 0.0
+        np.testing.assert_allclose(got[off:off + n].astype(np.float64), ref, rtol=RTOL[dtype],
+                                   atol=RTOL[dtype] * scale, err_msg=f"segment of {n} at {off}")
+        off += n
+    assert got.dtype == dtype
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: d.name)
+def test_early_combine_of_whole_segments_is_bit_identical(blocks, dtype) -> None:
+    # the group's sums for a segment held whole here are this rank's plus zeros: combining it before the
+    # group sum must give the very bits of combining it after
+    sizes = _segments(adasum._BLOCK)
+    a, b = _inputs(sizes, dtype, 2)
+    starts, ends = adasum._segment_bounds(a.size, sizes)
+    seen: list[np.ndarray] = []
+
+    def group_sum(v: np.ndarray) -> np.ndarray:
+        seen.append(v.copy())
+        return v
+
+    for mine_is_a in (True, False):
+        early, late = a.copy(), a.copy()
+        seen.clear()
+        bl = adasum._Blocks(a.dtype)
+        adasum._combine(early, b.copy(), starts, ends, bl, mine_is_a, whole=np.ones(len(sizes), bool),
+                        group_sum=group_sum)
+        adasum._combine(late, b.copy(), starts, ends, bl, mine_is_a, whole=np.zeros(len(sizes), bool),
+                        group_sum=group_sum)
+        np.testing.assert_array_equal(early.view(np.uint8), late.view(np.uint8))
+        np.testing.assert_array_equal(seen[0], seen[1])  # the same sums go to the group either way
+
+
+def test_plan_covers_every_element_once(blocks) -> None:
+    sizes = _segments(adasum._BLOCK)
+    starts, ends = adasum._segment_bounds(sum(sizes), sizes)
+    hits = np.zeros(sum(sizes), int)
+    for lo, hi, segs in adasum._plan(starts, ends):
+        assert 0 < hi - lo <= adasum._BLOCK
+        for i, s, e in segs:
+            assert starts[i] <= lo + s < lo + e <= ends[i]
+            hits[lo + s:lo + e] += 1
+    assert np.all(hits == 1)
