@@ -222,15 +222,7 @@ def test_barrier_waits_for_everyone(hvd, world, rank):
           f"{max(entries)}")
 
 
-# Known bug, open: across hosts (2x2 on the namespace bed, Open MPI over TCP) join() hangs: the joined rank's
-# main thread blocks in the agreement allgather while its engine thread serves the others, and the engine's
-# messages stop progressing. One host is fine at any size.
-_JOIN_ACROSS_HOSTS = ("known bug: join() hangs across hosts over Open MPI's TCP transport; see docs/multihost.md")
-
-
 def test_join_returns_last_rank(hvd, world, rank):
-    if hvd.cross_size() > 1:
-        pytest.xfail(_JOIN_ACROSS_HOSTS)
     sync_comm().Barrier()
     time.sleep(0.3 * rank)
     last = hvd.join()
@@ -250,8 +242,6 @@ def test_join_returns_last_rank(hvd, world, rank):
 def test_join_returns_the_last_joiner_after_async_allreduces(hvd, world, rank, multi):
     """The highest rank joins first; the others then run async allreduces (the joined rank contributes zeros)
     and join one after another, rank 0 last. Every join() returns 0 (issue 18: it returned the first joiner)."""
-    if hvd.cross_size() > 1:
-        pytest.xfail(_JOIN_ACROSS_HOSTS)
     hi = world - 1
     got: list = []
     if rank == hi:
@@ -280,8 +270,6 @@ def test_join_returns_the_last_joiner_after_async_allreduces(hvd, world, rank, m
 def test_non_allreduce_while_a_rank_is_joined_raises_on_callers_only(hvd, world, rank, multi):
     """While rank `hi` is joined, allgather / broadcast (sync and async) raise MismatchError on the calling
     ranks only; `hi`'s join() completes with the same result as everyone's, and the job goes on."""
-    if hvd.cross_size() > 1:
-        pytest.xfail(_JOIN_ACROSS_HOSTS)
     from horo.core.errors import MismatchError
 
     hi = world - 1

@@ -155,6 +155,21 @@ def test_hierarchical_equals_flat(bed, layout):
     assert crossed > 10 << 20, f"only {crossed} bytes crossed node2's link: shared memory leaks between hosts?"
 
 
+@pytest.mark.parametrize("hosts", ["node1:1,node2:1", "node1:2,node2:2"], ids=["2x1", "2x2"])
+@pytest.mark.parametrize("hierarchical", [False, True], ids=["flat", "hierarchical"])
+def test_join_with_uneven_work(bed, hosts, hierarchical):
+    """join() across hosts (it once hung here: docs/multihost.md): ranks leave one after another while the others
+    keep running sync and async allreduces; every sum is exact and every join() returns the last rank."""
+    np_ = sum(int(h.split(":")[1]) for h in hosts.split(","))
+    flags = ["--hierarchical-allreduce", "--hierarchical-allgather"] if hierarchical else []
+    rc, out, _ = hororun(bed, ["-np", str(np_), "-H", hosts, *flags, *job("job_join.py")], timeout=180)
+    assert rc == 0, out[-6000:]
+    rows = re.findall(r"JOIN rank=(\d+) host=(\S+) last=(\d+) bad=(.*)", out)
+    assert sorted(int(r) for r, *_ in rows) == list(range(np_)), out[-6000:]
+    assert {h for _, h, _, _ in rows} == {"node1", "node2"}, out[-6000:]
+    assert {(int(last), b) for _, _, last, b in rows} == {(np_ - 1, "[]")}, out[-6000:]
+
+
 def test_hororun_flags_and_environment_reach_remote_ranks(bed):
     """--hierarchical-* reach every rank; so does the user's environment (as with horovodrun), but no secret."""
     rc, out, _ = hororun(bed, ["-np", "4", "-H", "node1:2,node2:2", "--hierarchical-allreduce",

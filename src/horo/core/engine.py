@@ -234,8 +234,14 @@ class Engine:
         With work pending, ``spin_s`` of quick polls first (peers usually arrive together), then
         exponential back-off; while this rank has work pending the back-off stays short, and a new
         submission cuts it off.
+
+        Never fast while a caller thread of this rank sits in a blocking MPI call (inside ``join()``, or
+        in an agreement): across hosts, Open MPI's TCP transport then stalled for seconds to minutes
+        (docs/multihost.md, "join() across hosts"). The blocked caller drives MPI's progress anyway; this
+        thread only has to notice completion, at the idle cadence.
         """
-        if self.pending or self.joined:  # idle rounds must not tax other MPI traffic
+        busy = bool(self.pending) and not self._caller_in_mpi()
+        if busy:  # idle rounds must not tax other MPI traffic
             spin_until = time.perf_counter() + self.spin_s
             while time.perf_counter() < spin_until:
                 if mpi_req.Test():
@@ -244,11 +250,16 @@ class Engine:
         delay = 5e-5
         while not mpi_req.Test():
             with self.cv:
-                cap = self.busy_cap_s if (self.pending or self.joined) else self.idle_s
+                busy = bool(self.pending) and not self._caller_in_mpi()
+                cap = self.busy_cap_s if busy else self.idle_s
                 if self.cv.wait(timeout=delay):
                     delay = 5e-5
                     continue
             delay = min(delay * 2, cap)
+
+    def _caller_in_mpi(self) -> bool:
+        """True while a caller thread of this rank blocks in MPI: in ``join()`` or in an agreement."""
+        return self.joined or BLOCKED.comm is not None
 
     def _round(self) -> bool:
         with self.cv:
