@@ -11,6 +11,8 @@ rank's mean step time):
 - ``engine``: every tensor through ``horo.allreduce_async_(t, name=..., op=horo.Sum)``, then synchronize all;
 - ``engine-rev``: the same, but odd ranks submit in the opposite order (negotiation by name);
 - ``grouped_``: ``horo.grouped_allreduce_(tensors, op=horo.Sum)`` (synchronous fused path);
+- ``grouped`` / ``engine-oop``: the out-of-place forms (``grouped_allreduce``, ``allreduce_async``), whose
+  97.5 MiB of results per step come from horo's result pool (target <= 1.3x raw per tensor);
 - ``raw-per-tensor``: one ``comm.Allreduce(MPI.IN_PLACE, t)`` per tensor;
 - ``raw-one-buffer``: one ``Allreduce`` of a single buffer of the same total size (no copies at all);
 - ``gloo-per-tensor`` / ``gloo-one-buffer``: ``torch.distributed.all_reduce`` with the gloo backend.
@@ -44,6 +46,7 @@ from horo.bench._util import (
 )
 
 ENGINE_TARGET = 1.15
+OUT_OF_PLACE_TARGET = 1.3  # issue 15: fresh results each step, against raw in-place per tensor
 SWEEP_THRESHOLDS = ("0", "256KiB", "1MiB", "2MiB", "4MiB", "8MiB", "16MiB", "64MiB")
 
 
@@ -132,6 +135,12 @@ def _engine_step(horo: Any, names: list[str], tensors: list[np.ndarray]) -> None
         horo.synchronize(h)
 
 
+def _engine_oop_step(horo: Any, names: list[str], tensors: list[np.ndarray]) -> None:
+    handles = [horo.allreduce_async(t, name=nm + ".oop", op=horo.Sum) for nm, t in zip(names, tensors)]
+    for h in handles:
+        horo.synchronize(h)  # results dropped at once, as a training step drops last step's gradients
+
+
 def _check(horo: Any, g: GradSet, n: int, rank: int) -> None:
     """One correct engine step (ones in, n out on every rank and both orders) before timing."""
     for t in g.tensors:
@@ -161,6 +170,8 @@ def _variants(horo: Any, comm: Any, g: GradSet, dist: Any, rank: int) -> dict[st
         "engine": lambda: _engine_step(horo, g.names, g.tensors),
         "engine-rev": lambda: _engine_step(horo, rev_names, rev_tensors),
         "grouped_": lambda: horo.grouped_allreduce_(g.tensors, op=horo.Sum),
+        "grouped": lambda: horo.grouped_allreduce(g.tensors, op=horo.Sum),
+        "engine-oop": lambda: _engine_oop_step(horo, g.names, g.tensors),
         "raw-per-tensor": raw_per_tensor,
         "raw-one-buffer": lambda: comm.Allreduce(MPI.IN_PLACE, g.flat, op=MPI.SUM),
     }
@@ -269,6 +280,10 @@ def _report(timing: Any, g: GradSet, gloo: bool, lat: list[list[str]] | None, st
         print(f"- {name} / min(raw per-tensor, raw one-buffer) = {ratio:.2f} "
               f"(target <= {ENGINE_TARGET}) {'PASS' if ratio <= ENGINE_TARGET else 'FAIL'}"
               + (f"; vs best gloo = {med[name] / best_gloo:.2f}" if best_gloo else ""))
+    for name in ("grouped", "engine-oop"):
+        ratio = med[name] / med["raw-per-tensor"]
+        print(f"- {name} (out of place) / raw per-tensor = {ratio:.2f} (target <= {OUT_OF_PLACE_TARGET}) "
+              f"{'PASS' if ratio <= OUT_OF_PLACE_TARGET else 'FAIL'}")
     if lat:
         print()
         print("Latency of one 64 B op:")

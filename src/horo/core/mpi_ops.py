@@ -237,7 +237,7 @@ def _address(arr: np.ndarray) -> int:
 
 
 _POOL: dict[tuple[np.dtype, int], list[np.ndarray]] = {}
-_POOL_MIN_BYTES = 1 << 20
+_POOL_MIN_BYTES = 64 << 10  # from here a fresh result costs page faults (glibc maps it anew)
 _POOL_DEPTH = 8  # same-sized results alive at once: a ResNet-50 gradient set has up to 6 of one size
 _POOL_MAX_BYTES = 512 << 20  # what the pool may keep allocated in all
 _POOL_LOCK = threading.Lock()  # the engine thread and the caller's thread both take results
