@@ -45,6 +45,8 @@ RATIO_FROM = 1 << 20  # bandwidth target applies from this size up
 SMALL_UP_TO = 64 << 10  # latency target applies up to this size
 RATIO_TARGET = 0.95
 LATENCY_TARGET_US = 30.0
+SYNC_64B_TARGET_US = 15.0  # issue 15: added latency of a 64 B synchronous allreduce
+ASYNC_SMALL_TARGET_US = 50.0  # issue 15: a named async op from 64 B to 16 KiB, whole time
 VARIANTS = ("raw", "raw_", "horo", "horo_", "async")
 BASELINE = {"horo": "raw", "horo_": "raw_", "async": "raw_"}
 
@@ -233,6 +235,18 @@ def _summary(results: list[dict[str, Any]], stat: str) -> None:
             ok = "PASS" if worst <= LATENCY_TARGET_US else "FAIL"
             parts.append(f"max added latency up to 64 KiB = {worst:.1f} µs at {fmt_size(b)} "
                          f"(target <= {LATENCY_TARGET_US:.0f} µs) {ok}")
+        if name in ("horo", "horo_"):
+            at64 = [(med(r, name) - med(r, b_)) * 1e6 for r in results if r["bytes"] == 64]
+            if at64:
+                ok = "PASS" if at64[0] <= SYNC_64B_TARGET_US else "FAIL"
+                parts.append(f"added at 64 B = {at64[0]:.1f} µs (target <= {SYNC_64B_TARGET_US:.0f} µs) {ok}")
+        else:
+            named = [(r["bytes"], med(r, name) * 1e6) for r in results if 64 <= r["bytes"] <= 16 << 10]
+            if named:
+                b, worst = max(named, key=lambda x: x[1])
+                ok = "PASS" if worst <= ASYNC_SMALL_TARGET_US else "FAIL"
+                parts.append(f"slowest named op 64 B..16 KiB = {worst:.1f} µs at {fmt_size(b)} "
+                             f"(target <= {ASYNC_SMALL_TARGET_US:.0f} µs) {ok}")
         print(f"- {label} (vs {b_}): " + "; ".join(parts))
 
 
