@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from horo.core import adasum
+from horo.core import adasum, blas
 
 sys.path.insert(0, str(Path(__file__).parent / "mpi"))
 from adasum_ref import pair  # noqa: E402
@@ -22,10 +22,15 @@ RTOL = {np.dtype(np.float64): 1e-12, np.dtype(np.float32): 1e-5, np.dtype(np.flo
 DTYPES = list(RTOL)
 
 
-@pytest.fixture(params=["small blocks", "real blocks"])
+@pytest.fixture(params=["small blocks", "real blocks", "small blocks, numpy path"])
 def blocks(request, monkeypatch):
-    """Tiny blocks and ddot slices make every cut happen on small inputs; then the real sizes."""
-    if request.param == "small blocks":
+    """Tiny blocks and ddot slices make every cut happen on small inputs; then the real sizes.
+
+    The numpy path is the one taken where numpy carries no OpenBLAS (see horo.core.blas).
+    """
+    if request.param.endswith("numpy path"):
+        monkeypatch.setattr(blas, "KERNELS", None)
+    if request.param.startswith("small blocks"):
         monkeypatch.setattr(adasum, "_BLOCK", 64)
         monkeypatch.setattr(adasum, "_DOT", 16)
     monkeypatch.setattr(adasum, "_LOCAL", type(adasum._LOCAL)())  # fresh scratch for these sizes
@@ -95,3 +100,39 @@ def test_plan_covers_every_element_once(blocks) -> None:
             assert starts[i] <= lo + s < lo + e <= ends[i]
             hits[lo + s:lo + e] += 1
     assert np.all(hits == 1)
+
+
+def test_numpy_wheels_openblas_is_used() -> None:
+    # this venv's numpy is a PyPI wheel, which carries scipy-openblas: the fast path must be the one running
+    assert blas._candidates(), "numpy.libs has no scipy-openblas"
+    assert blas.KERNELS is not None
+    assert adasum._Blocks(np.dtype(np.float32)).dot is not None
+    assert adasum._Blocks(np.dtype(np.float16)).dot is None  # half precision keeps its float64 blocks
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_blas_and_numpy_paths_agree(monkeypatch, dtype) -> None:
+    sizes = _segments(4096)
+    a, b = _inputs(sizes, np.dtype(dtype), 3)
+    fast = adasum.pairwise(a.copy(), b.copy(), sizes)
+    monkeypatch.setattr(blas, "KERNELS", None)
+    slow = adasum.pairwise(a.copy(), b.copy(), sizes)
+    tol = RTOL[np.dtype(dtype)]
+    np.testing.assert_allclose(fast, slow, rtol=tol, atol=tol * float(np.max(np.abs(slow))))
+
+
+def test_single_thread_restores_the_callers_setting() -> None:
+    kern = blas.KERNELS
+    before = kern.set_threads_local(2)
+    try:
+        with blas.single_thread():
+            assert kern.set_threads_local(1) == 1
+        assert kern.set_threads_local(2) == 2
+    finally:
+        kern.set_threads_local(before)
+
+
+def test_pairwise_refuses_a_strided_target() -> None:
+    a = np.zeros(10, np.float32)
+    with pytest.raises(ValueError, match="Received: a with strides"):
+        adasum.pairwise(a[::2], np.ones(5, np.float32))
