@@ -136,3 +136,16 @@ def test_pairwise_refuses_a_strided_target() -> None:
     a = np.zeros(10, np.float32)
     with pytest.raises(ValueError, match="Received: a with strides"):
         adasum.pairwise(a[::2], np.ones(5, np.float32))
+
+
+@pytest.mark.parametrize("scale", [1e-25, 1e-21, 1e19, 3e19], ids=lambda v: f"{v:g}")
+def test_float32_products_out_of_range_are_summed_widened(scale) -> None:
+    # float32 products of these underflow (or overflow): the sums must still be Horovod's widened ones
+    rng = np.random.default_rng(4)
+    n = 5000
+    a = (rng.standard_normal(n) * scale).astype(np.float32)
+    b = (0.5 * a.astype(np.float64) + rng.standard_normal(n) * scale * 0.1).astype(np.float32)
+    got = adasum.pairwise(a.copy(), b.copy())
+    ref = pair(a, b)
+    assert np.all(np.isfinite(ref))
+    np.testing.assert_allclose(got.astype(np.float64), ref, rtol=1e-5, atol=1e-5 * float(np.max(np.abs(ref))))

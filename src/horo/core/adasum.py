@@ -14,9 +14,11 @@ time. The error stays within a few float32 ulps of the vectors' magnitude; the s
 float64 as above, and every rank still ends with the same bits.
 
 Where numpy carries OpenBLAS (its PyPI wheels do), float32 and float64 run on it (horo.core.blas): the sums
-by ``dsdot``/``ddot`` on the tensor's own memory, whose float32 products are rounded to float32 before the
-float64 sum, as in Horovod's C loop ``double += float * float``; the combination by one ``?axpby`` pass.
-On this machine that halved the arithmetic (12.8 M float32 pairs: 23 ms against 45-55 ms).
+by ``dsdot``/``ddot`` on the tensor's own memory, the combination by one ``?axpby`` pass. On this machine
+that halved the arithmetic (12.8 M float32 pairs: 23 ms against 45-55 ms). ``dsdot`` rounds each float32
+product to float32 before its float64 sum, where Horovod 0.28.1 widens first: that stays within float32's
+rounding of the result, except when products leave float32's range (tiny or huge values), which the sums
+reveal; such a tensor is summed again with widened products (``_check_products``).
 
 Across ranks the pairs (0,1), (2,3), ... combine first, then pairs of pairs, the lower-rank group always
 playing ``a``. As in Horovod this runs bandwidth-optimally, by vector-halving distance-doubling (VHDD): at
@@ -171,6 +173,7 @@ def _combine(mine: np.ndarray, other: np.ndarray, starts: np.ndarray, ends: np.n
     last = ends.tolist()
     acc = [[0.0, 0.0, 0.0] for _ in range(n)]  # [mine·other, |mine|², |other|²]
     dot, kdot = np.dot, blocks.dot
+    f32_products = kdot is not None and blocks.f32
     if kdot is not None:
         pm, po, isz = _address(mine), _address(other), mine.itemsize
     for lo, hi, segs in _plan(starts, ends):
@@ -193,12 +196,17 @@ def _combine(mine: np.ndarray, other: np.ndarray, starts: np.ndarray, ends: np.n
                     r[2] += float(dot(ys, ys))
             if fused[i] and lo + e == last[i]:
                 done.append(i)
+                if f32_products:
+                    _check_products(acc, i, mine, other, int(starts[i]), last[i])
         if done:  # x and y are free again: _scaled_add may use them
             sums = np.array([acc[i] for i in done], dtype=np.float64)
             c_mine, c_other = coefficients(sums[:, 0], sums[:, 1], sums[:, 2])
             _scaled_add(mine, other, [(i, int(starts[i]), last[i]) for i in done], c_mine.tolist(),
                         c_other.tolist(), blocks)
     rest = [i for i in range(n) if not fused[i] and last[i] > starts[i]]
+    if f32_products:
+        for i in rest:
+            _check_products(acc, i, mine, other, int(starts[i]), last[i])
     if group_sum is None and not rest:
         return
     nd = np.array(acc, dtype=np.float64).reshape(-1, 3)
@@ -211,6 +219,31 @@ def _combine(mine: np.ndarray, other: np.ndarray, starts: np.ndarray, ends: np.n
         c_mine, c_other = (ca, cb) if mine_is_a else (cb, ca)
         _scaled_add(mine, other, [(i, int(starts[i]), last[i]) for i in rest], c_mine.tolist(),
                     c_other.tolist(), blocks)
+
+
+# Below this many float32 products' worth of 2**-126 per element in a squared norm, products that left
+# float32's normal range (underflow, flushed or subnormal) could move the sums by more than 2**-24.
+_F32_SAFE = 2.0 ** -102
+
+
+def _check_products(acc: list[list[float]], i: int, mine: np.ndarray, other: np.ndarray, s: int, e: int) -> None:
+    """Redo segment ``i``'s sums with float64 products where float32 products may have lost them.
+
+    OpenBLAS's ``dsdot`` rounds each product to float32 before the float64 sum. That is within float32's
+    own rounding of the result (each product errs by 2**-24 relatively, so ``a·b`` by 2**-24·|a||b|)
+    unless products underflowed (an absolute error of up to 2**-126 each) or overflowed to inf. Both are
+    caught here from the sums themselves, and the segment is summed again by widening, as Horovod does.
+    """
+    r = acc[i]
+    if math.isfinite(r[0] + r[1] + r[2]) and min(r[1], r[2]) >= (e - s) * _F32_SAFE:
+        return
+    r[0] = r[1] = r[2] = 0.0
+    for k in range(s, e, _DOT):
+        x = mine[k:min(k + _DOT, e)].astype(np.float64)
+        y = other[k:min(k + _DOT, e)].astype(np.float64)
+        r[0] += float(np.dot(x, y))
+        r[1] += float(np.dot(x, x))
+        r[2] += float(np.dot(y, y))
 
 
 def _scaled_add(mine: np.ndarray, other: np.ndarray, ranges: list[tuple[int, int, int]], c_mine: list[float],
