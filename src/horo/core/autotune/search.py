@@ -6,6 +6,11 @@ Horovod) would squeeze into its first 2 %. The Gaussian process is scikit-learn'
 ``horo[autotune]`` extra, imported only when autotune is on); the acquisition is maximised with SciPy's
 L-BFGS-B from the best of a few thousand random candidates. On/off knobs (the response cache) are tried
 after the continuous search, each value once at the best continuous point, as Horovod chains them.
+
+Then, beyond Horovod, a run-off: the ``FINALISTS`` best-rated settings are measured again, in turn,
+``CONFIRM_ROUNDS`` times (A B C A B C), and the one with the best mean of those back-to-back scores is
+kept. On this shared 2-core machine a trial's score swings by 10-30 %, so the search's own ranking of
+settings within that band is a coin toss; the run-off compares them under the same conditions.
 """
 
 from __future__ import annotations
@@ -22,6 +27,8 @@ from .settings import Knobs
 __all__ = ["EXTRA_HINT", "Search", "load_gp", "to_unit", "from_unit", "CONTINUOUS"]
 
 EXTRA_HINT = "pip install 'horo[autotune]'"
+FINALISTS = 3
+CONFIRM_ROUNDS = 2
 
 #: continuous knob -> (log2 of the low end, log2 of the high end) of its search range.
 CONTINUOUS: dict[str, tuple[float, float]] = {
@@ -97,20 +104,21 @@ class Search:
         self.categorical = [] if "cache_enabled" in fixed else ["cache_enabled"]
         self.history: list[tuple[Knobs, float]] = []
         self.phase = "fixed"
+        self._runoff: list[Knobs] | None = None  # the trials still to run in the run-off (None: not begun)
+        self._confirmed: dict[Knobs, list[float]] = {}
         self._gp: tuple[Any, Any, Any, Any] | None = None
         if self.dims and max_samples > len(self.points):
             self._gp = load_gp()
 
     @property
     def best(self) -> tuple[Knobs, float]:
-        """The tried setting to keep, with its estimated score.
+        """The setting to keep, with its score: after the run-off, the finalist with the best mean there."""
+        if self._confirmed:
+            return max(((k, sum(v) / len(v)) for k, v in self._confirmed.items()), key=lambda kv: kv[1])
+        return self._rated()
 
-        Settings of the continuous search are rated by the Gaussian process's posterior mean at the point
-        rather than by their own score: on a noisy machine the highest single trial is often a lucky draw
-        (Horovod keeps the raw maximum). The other value of an on/off knob, tried once at a point of the
-        continuous search, is rated like with like: that point's rating times the ratio of the two raw scores
-        measured there (a raw score against a posterior mean favoured whichever was rated raw).
-        """
+    def _ratings(self) -> dict[Knobs, float]:
+        """Every tried setting's rating (see :meth:`_rated`)."""
         raw = dict(self.history)  # knobs -> score (a setting tried twice keeps its last score)
         est = dict(raw)
         fit = self._fit(self.start.cache_enabled)
@@ -122,7 +130,18 @@ class Search:
                 base = replace(k, cache_enabled=self.start.cache_enabled)
                 if k.cache_enabled != self.start.cache_enabled and base in est and raw[base] > 0:
                     est[k] = est[base] * score / raw[base]
-        return max(est.items(), key=lambda kv: kv[1])
+        return est
+
+    def _rated(self) -> tuple[Knobs, float]:
+        """The tried setting rated highest, with its rating.
+
+        Settings of the continuous search are rated by the Gaussian process's posterior mean at the point
+        rather than by their own score: on a noisy machine the highest single trial is often a lucky draw
+        (Horovod keeps the raw maximum). The other value of an on/off knob, tried once at a point of the
+        continuous search, is rated like with like: that point's rating times the ratio of the two raw scores
+        measured there (a raw score against a posterior mean favoured whichever was rated raw).
+        """
+        return max(self._ratings().items(), key=lambda kv: kv[1])
 
     def first(self) -> Knobs:
         return self.points[0]
@@ -136,6 +155,12 @@ class Search:
 
     def tell(self, knobs: Knobs, score: float) -> Knobs | None:
         """Record the score of ``knobs``; return the next setting to try, or None when the search is over."""
+        if self.phase == "confirm":
+            self._confirmed.setdefault(knobs, []).append(score)
+            if self._runoff:
+                return self._runoff.pop(0)
+            self.phase = "done"
+            return None
         self.history.append((knobs, score))
         n = len(self.history)
         continuous_done = n >= len(self.points) and (not self.dims or n >= self.max_samples)
@@ -149,10 +174,16 @@ class Search:
         for knob in self.categorical:
             if knob == "cache_enabled" and len(tried) < 2:
                 self.phase = "categorical"
-                best = self.best[0]
+                best = self._rated()[0]
                 return replace(best, cache_enabled=not best.cache_enabled)
-        self.phase = "done"
-        return None
+        ranked = sorted(self._ratings().items(), key=lambda kv: kv[1], reverse=True)
+        finalists = [k for k, _ in ranked[:FINALISTS]]
+        if len(finalists) < 2 or self._runoff is not None:
+            self.phase = "done"
+            return None
+        self.phase = "confirm"
+        self._runoff = finalists * CONFIRM_ROUNDS
+        return self._runoff.pop(0)
 
     def _fit(self, cache_on: bool) -> tuple[Any, np.ndarray, list[tuple[Knobs, float]], float, float] | None:
         """The Gaussian process over the continuous trials with the cache ``cache_on``, or None (< 3 trials).
