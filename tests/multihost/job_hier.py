@@ -39,7 +39,7 @@ def run(hier: bool) -> list:
 flat, hier = run(False), run(True)
 from horo.core import mpi_ops  # noqa: E402
 
-mpi_ops._HIER_CHUNK_BYTES = 64 << 10  # force the hierarchical path to cut the larger arrays into pieces
+mpi_ops._HIER_PIECE_BYTES = 64 << 10  # force the hierarchical path to pipeline the larger arrays in pieces
 hier_pieces = run(True)
 bad = []
 for k, (a, b) in enumerate(zip(flat * 2, hier + hier_pieces)):

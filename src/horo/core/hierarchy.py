@@ -15,12 +15,13 @@ read on rank 0 and agreed at ``init()`` like every knob, so all ranks pick the s
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-__all__ = ["Topology", "topology", "release", "release_all", "reduce_piece", "allgather_bytes"]
+__all__ = ["Topology", "topology", "release", "release_all", "reduce_piece", "reduce_pipelined", "allgather_bytes"]
 
 
 @dataclass
@@ -113,6 +114,53 @@ def reduce_piece(topo: Topology, send: Any, out: list[Any], mpi_op: Any) -> None
         topo.leaders.Allreduce(send, out, op=mpi_op)
     if topo.local.Get_size() > 1:
         topo.local.Bcast(out, root=0)
+
+
+def reduce_pipelined(topo: Topology, src: np.ndarray, dst: np.ndarray, in_place: bool, mpi_op: Any, step: int,
+                     typed: Callable[[np.ndarray], Any], progress: Callable[[], None] | None = None) -> None:
+    """Allreduce ``src`` into ``dst`` (flat) in pieces of ``step`` elements, the three stages pipelined.
+
+    While the leaders allreduce piece ``i`` over the network, the host already reduces piece ``i + 1`` and
+    broadcasts piece ``i - 1``: nonblocking collectives, issued in one fixed order on every rank (MPI matches
+    collectives by order, and a blocking one never matches a nonblocking one, so a host of one rank uses
+    the same nonblocking calls). Measured on the bed (2 hosts x 2 ranks, 1 Gbit/s), the three stages one
+    after the other left the link idle two thirds of the time.
+    """
+    from mpi4py import MPI
+
+    starts = list(range(0, max(dst.size, 1), step))
+    k = len(starts)
+    if k == 1:
+        reduce_piece(topo, MPI.IN_PLACE if in_place else typed(src), typed(dst), mpi_op)
+        return
+    pieces = [dst[s:s + step] for s in starts]
+    shared = topo.local.Get_size() > 1
+    if not shared and not in_place:
+        np.copyto(dst, src)
+    red: list[Any] = [None] * k
+    cross: list[Any] = [None] * k
+    bcast: list[Any] = []
+    for t in range(k + 2):
+        if t < k and shared:  # stage 1: reduce piece t to the host's leader
+            s = starts[t]
+            mine = MPI.IN_PLACE if in_place and topo.leader else (
+                typed(pieces[t]) if in_place else typed(src[s:s + step]))
+            red[t] = topo.local.Ireduce(mine, typed(pieces[t]) if topo.leader else None, op=mpi_op, root=0)
+        j = t - 1
+        if 0 <= j < k:  # stage 2: the leaders allreduce piece j
+            if shared:
+                red[j].Wait()
+            if topo.leader:
+                cross[j] = topo.leaders.Iallreduce(MPI.IN_PLACE, typed(pieces[j]), op=mpi_op)
+        m = t - 2
+        if 0 <= m < k:  # stage 3: the leader broadcasts piece m in its host
+            if topo.leader:
+                cross[m].Wait()
+            if shared:
+                bcast.append(topo.local.Ibcast(typed(pieces[m]), root=0))
+        if progress is not None:
+            progress()
+    MPI.Request.Waitall(bcast)
 
 
 def allgather_bytes(topo: Topology, send: np.ndarray, out: np.ndarray, byte_counts: np.ndarray) -> None:

@@ -113,15 +113,16 @@ def allreduce_into(comm: Any, send: np.ndarray, out: np.ndarray, op: ReduceOp,
     mpi_op = _mpi_op(op, out.dtype)
     topo = _hierarchy(comm, "HORO_HIERARCHICAL_ALLREDUCE")
     if topo is not None:
-        # Each piece costs three collectives, one of them a network round trip between leaders: cache-sized
-        # pieces (tuned for one host's shared memory) made it 2x slower than one buffer on the bed.
-        chunk = max(chunk, _HIER_CHUNK_BYTES)
+        # Pipelined pieces: big enough that a leaders' round trip per piece is small against its transfer,
+        # small enough that the three stages overlap (one 64 MiB buffer at a time left the link idle).
+        step = max(1, _HIER_PIECE_BYTES // out.dtype.itemsize)
+        hierarchy.reduce_pipelined(topo, src, dst, inplace, mpi_op, step, _typed, progress)
+        _finish(dst, op, size, postscale)
+        return out
     step = max(1, chunk // out.dtype.itemsize)
     for s in range(0, max(src.size, 1), step):
         piece = dst[s:s + step]
-        if topo is not None:
-            hierarchy.reduce_piece(topo, MPI.IN_PLACE if inplace else _typed(src[s:s + step]), _typed(piece), mpi_op)
-        elif inplace:
+        if inplace:
             comm.Allreduce(MPI.IN_PLACE, _typed(piece), op=mpi_op)
         else:
             comm.Allreduce(_typed(src[s:s + step]), _typed(piece), op=mpi_op)
@@ -130,7 +131,7 @@ def allreduce_into(comm: Any, send: np.ndarray, out: np.ndarray, op: ReduceOp,
     return out
 
 
-_HIER_CHUNK_BYTES = 64 << 20
+_HIER_PIECE_BYTES = 1 << 20
 _ONE_CALL_BYTES = 64 << 10  # below every chunk size the config or autotune may choose (their minimum is larger)
 
 
