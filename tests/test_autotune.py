@@ -89,10 +89,34 @@ def test_missing_extra_names_it(monkeypatch: pytest.MonkeyPatch) -> None:
         load_gp()
 
 
+# What the manager fixes on one host (or one rank per host): the hierarchical paths would run flat there.
+ONE_HOST = {"hierarchical_allreduce": 0.0, "hierarchical_allgather": 0.0}
+
+
+def test_on_off_knobs_are_chained_and_a_better_flip_is_kept() -> None:
+    # Several hosts: the cache, then hierarchical allreduce, then hierarchical allgather, each flipped once
+    # at the best setting so far (Horovod's chain). Here the hierarchical allreduce measures 20 % better.
+    pytest.importorskip("sklearn")
+    s = Search(Knobs(1 << 20, 50.0, 1 << 20, True), {"cycle_time_ms": 50.0}, 6, noise=0.8)
+    k: Knobs | None = s.first()
+    phases = []
+    while k is not None:
+        phases.append((s.phase, k))
+        score = 100.0 - abs(k.fusion_threshold.bit_length() - 21) + (20.0 if k.hierarchical_allreduce else 0.0)
+        score -= 5.0 if not k.cache_enabled else 0.0
+        k = s.tell(k, score)
+    flips = [kn for ph, kn in phases if ph == "categorical"]
+    assert len(flips) == 3, phases
+    assert not flips[0].cache_enabled and not flips[0].hierarchical_allreduce  # the cache first
+    assert flips[1].cache_enabled and flips[1].hierarchical_allreduce  # then at the best: cache on again
+    assert flips[2].hierarchical_allreduce and flips[2].hierarchical_allgather  # chained on the new best
+    assert s.best[0].hierarchical_allreduce and s.best[0].cache_enabled, s.best
+
+
 def test_search_holds_fixed_knobs_and_stops_after_the_budget() -> None:
     pytest.importorskip("sklearn")
     start = Knobs(64 << 20, 50.0, 1 << 20, True)
-    fixed = {"cycle_time_ms": 50.0}
+    fixed = {"cycle_time_ms": 50.0, **ONE_HOST}
     s = Search(start, fixed, max_samples=8, noise=0.1)
     k: Knobs | None = s.first()
     seen = []
@@ -118,7 +142,8 @@ def test_search_holds_fixed_knobs_and_stops_after_the_budget() -> None:
 
 def test_best_is_rated_by_the_model_not_by_one_lucky_trial() -> None:
     pytest.importorskip("sklearn")
-    s = Search(Knobs(1 << 20, 50.0, 1 << 20, True), {"cycle_time_ms": 50.0, "cache_enabled": 1.0}, 9, noise=0.8)
+    s = Search(Knobs(1 << 20, 50.0, 1 << 20, True), {"cycle_time_ms": 50.0, "cache_enabled": 1.0, **ONE_HOST}, 9,
+               noise=0.8)
     rng = __import__("numpy").random.default_rng(0)
     k: Knobs | None = s.first()
     lucky = None
@@ -137,7 +162,8 @@ def test_runoff_keeps_the_finalist_that_measures_best_back_to_back() -> None:
     # In the search larger fusion looks better (noise on a busy machine, say); measured again back to back,
     # smaller is better. The run-off must overrule the search's own ranking of its finalists.
     pytest.importorskip("sklearn")
-    s = Search(Knobs(1 << 20, 50.0, 1 << 20, True), {"cycle_time_ms": 50.0, "cache_enabled": 1.0}, 8, noise=0.8)
+    s = Search(Knobs(1 << 20, 50.0, 1 << 20, True), {"cycle_time_ms": 50.0, "cache_enabled": 1.0, **ONE_HOST}, 8,
+               noise=0.8)
     k: Knobs | None = s.first()
     while k is not None:
         bits = k.fusion_threshold.bit_length()
@@ -153,7 +179,7 @@ def test_an_on_off_knob_is_compared_like_with_like() -> None:
     # yet won, because the continuous trials were rated by the model (shrunk toward the mean) and it by its
     # raw score. The cache off must win only when it measured better at that point.
     pytest.importorskip("sklearn")
-    s = Search(Knobs(64 << 20, 50.0, 1 << 20, True), {"cycle_time_ms": 50.0}, 8, noise=0.8)
+    s = Search(Knobs(64 << 20, 50.0, 1 << 20, True), {"cycle_time_ms": 50.0, **ONE_HOST}, 8, noise=0.8)
     rng = __import__("numpy").random.default_rng(1)
     k: Knobs | None = s.first()
     peak = None

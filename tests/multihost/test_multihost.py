@@ -313,3 +313,36 @@ def test_collective_suite_on_2x2(bed, tmp_path, hierarchical):
     rcs = {r: (tmp_path / f"rank{r}.rc").read_text().strip() if (tmp_path / f"rank{r}.rc").exists() else None
            for r in range(4)}
     assert rc == 0 and set(rcs.values()) == {"0"}, f"rank exit codes {rcs}\n{out[-8000:]}"
+
+
+@pytest.mark.slow  # two jobs of 110 engine steps on 4 ranks across the bed: ~5 minutes here (make test-slow)
+def test_autotune_tunes_the_hierarchical_paths_across_hosts(bed, tmp_path):
+    # 2 hosts x 2 ranks: the hierarchical allreduce/allgather are on/off knobs here (on one host they are
+    # held fixed). Every rank must switch at the same engine round, and the results (integer-valued floats,
+    # exact in any order) must equal an untuned run's bit for bit.
+    pytest.importorskip("sklearn")
+    import csv
+    import json
+
+    script = str(REPO / "tests" / "scripts" / "autotune_job.py")
+    log, tuned_out, plain_out = tmp_path / "log.csv", tmp_path / "tuned.json", tmp_path / "plain.json"
+    env = {"HORO_AUTOTUNE_STEPS_PER_SAMPLE": "1", "HORO_AUTOTUNE_WARMUP_SAMPLES": "0",
+           "HORO_AUTOTUNE_BAYES_OPT_MAX_SAMPLES": "6"}
+    layout = ["-np", "4", "-H", "node1:2,node2:2"]
+    rc, out, _ = hororun(bed, [*layout, "--autotune", "--autotune-log-file", str(log), sys.executable, script,
+                               str(tuned_out), "--steps", "110"], timeout=300, env_extra=env)
+    assert rc == 0, out[-6000:]
+    rc, out, _ = hororun(bed, [*layout, sys.executable, script, str(plain_out), "--steps", "110"], timeout=300)
+    assert rc == 0, out[-6000:]
+    tuned, plain = json.loads(tuned_out.read_text()), json.loads(plain_out.read_text())
+    logs = [r["knob_log"] for r in tuned]
+    assert all(lg == logs[0] for lg in logs), logs
+    assert any(k["hierarchical_allreduce"] for _, k in logs[0]), logs[0]  # really switched, everywhere at once
+    assert {r["digest"] for r in tuned} | {r["digest"] for r in plain} == {tuned[0]["digest"]}
+    assert all(not r["tuning"] for r in tuned) and all(r["knobs"] == tuned[0]["knobs"] for r in tuned)
+    flips = [t["knobs"] for t in tuned[0]["trials"] if t["phase"] == "categorical"]
+    assert len(flips) == 3, tuned[0]["trials"]  # the cache, then each hierarchical path, once
+    with open(log, newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert {r["hierarchical_allreduce"] for r in rows} == {"0", "1"}
+    assert {r["hierarchical_allgather"] for r in rows} == {"0", "1"}

@@ -91,6 +91,7 @@ class Engine:
         self.chunk = config.int("HORO_CHUNK_BYTES")
         self.cache_on = self.capacity > 0
         self.knobs = self.configured_knobs()
+        self.hierarchical: tuple[bool, bool] | None = None  # tuned (allreduce, allgather) unlike the config
         # Autotune (see core/autotune): every rank carries _TUNE header words while ``tuning``; only rank 0
         # has a ``tuner``. ``knob_log`` records (round, knobs) of every change, for tests and the bench.
         self.tuning = autotune
@@ -131,7 +132,8 @@ class Engine:
     def configured_knobs() -> Knobs:
         """The knobs an engine starts with, from the agreed configuration."""
         return Knobs(config.int("HORO_FUSION_THRESHOLD"), config["HORO_CYCLE_TIME"], config.int("HORO_CHUNK_BYTES"),
-                     config.int("HORO_CACHE_CAPACITY") > 0)
+                     config.int("HORO_CACHE_CAPACITY") > 0, bool(config.get("HORO_HIERARCHICAL_ALLREDUCE")),
+                     bool(config.get("HORO_HIERARCHICAL_ALLGATHER")))
 
     # ---- user side -------------------------------------------------------------------------------
     def submit(self, req: Request) -> None:
@@ -286,7 +288,8 @@ class Engine:
         if tune:
             k = self.tuner.current if self.tuner is not None else None
             head += ([self.tuner.seq, k.fusion_threshold, round(k.cycle_time_ms * 1000), k.chunk_bytes,
-                      int(k.cache_enabled)] if self.tuner is not None and k is not None else [0] * _TUNE)
+                      int(k.cache_enabled) | int(k.hierarchical_allreduce) << 1 | int(k.hierarchical_allgather) << 2]
+                     if self.tuner is not None and k is not None else [0] * _TUNE)
         head += [_signed((mask >> (64 * i)) & _WORD) for i in range(words)]
         hdr = np.array(head, dtype=np.int64)
         recv = np.empty((self.n, _HDR + tune + words), dtype=np.int64)
@@ -406,10 +409,10 @@ class Engine:
 
     def _retune(self, words: np.ndarray, final: bool) -> None:
         """Adopt rank 0's setting (identical input on every rank, so identical effect)."""
-        seq, fusion, cycle_us, chunk, cache_on = (int(w) for w in words)
+        seq, fusion, cycle_us, chunk, bits = (int(w) for w in words)
         if seq != self.knob_seq:
             self.knob_seq = seq
-            self.apply(Knobs(fusion, cycle_us / 1000.0, chunk, bool(cache_on)))
+            self.apply(Knobs(fusion, cycle_us / 1000.0, chunk, bool(bits & 1), bool(bits & 2), bool(bits & 4)))
             self.knob_log.append((self.round_no, self.knobs))
             if self.tuner is not None:
                 self.tuner.applied()
@@ -422,6 +425,10 @@ class Engine:
         self.threshold = knobs.fusion_threshold
         self.idle_s = max(knobs.cycle_time_ms, 0.1) / 1000.0
         self.chunk = knobs.chunk_bytes
+        # The engine's own collectives only: synchronous ones on other threads keep the configured algorithm.
+        hier = (knobs.hierarchical_allreduce, knobs.hierarchical_allgather)
+        self.hierarchical = None if hier == (bool(config.get("HORO_HIERARCHICAL_ALLREDUCE")),
+                                             bool(config.get("HORO_HIERARCHICAL_ALLGATHER"))) else hier
         if knobs.cache_enabled != self.cache_on:
             self.cache_on = knobs.cache_enabled
             if not self.cache_on:  # every rank drops the same cache in the same round
@@ -457,6 +464,15 @@ class Engine:
 
     def _execute(self, names: list[str]) -> list[tuple[str, str, int]]:
         """Run the ready names; returns (name, dtype, bytes) of each, for the autotuner's score."""
+        if self.hierarchical is None:
+            return self._execute_as_configured(names)
+        before = mpi_ops.set_hierarchical(self.hierarchical)  # this thread only, for this round
+        try:
+            return self._execute_as_configured(names)
+        finally:
+            mpi_ops.set_hierarchical(before)
+
+    def _execute_as_configured(self, names: list[str]) -> list[tuple[str, str, int]]:
         reqs = self._take(names)
         self.sig_of.clear()
         t_ready = timeline.now_us()

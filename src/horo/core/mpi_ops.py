@@ -86,7 +86,7 @@ def allreduce_into(comm: Any, send: np.ndarray, out: np.ndarray, op: ReduceOp,
     size = comm.Get_size()
     nbytes = send.nbytes
     if (nbytes <= _ONE_CALL_BYTES and prescale == 1.0 and send.dtype not in _UPCAST
-            and not config.get("HORO_HIERARCHICAL_ALLREDUCE")
+            and not _hier_on("HORO_HIERARCHICAL_ALLREDUCE")
             and nbytes <= 8 * (chunk_bytes or config["HORO_CHUNK_BYTES"])):
         # Small arrays: one MPI call and nothing else, the general path below costs ~5 µs of Python more.
         if send is out:
@@ -135,6 +135,24 @@ _HIER_PIECE_BYTES = 1 << 20
 _ONE_CALL_BYTES = 64 << 10  # below every chunk size the config or autotune may choose (their minimum is larger)
 
 
+_HIER_LOCAL = threading.local()  # an engine round's tuned (allreduce, allgather) algorithm, on its thread
+
+
+def set_hierarchical(value: tuple[bool, bool] | None) -> tuple[bool, bool] | None:
+    """Make this thread's allreduces/allgathers hierarchical or flat regardless of the config (None: follow
+    it); returns the previous value. The autotuner's engine rounds use it: all ranks switch at one round."""
+    before = getattr(_HIER_LOCAL, "value", None)
+    _HIER_LOCAL.value = value
+    return before
+
+
+def _hier_on(knob: str) -> bool:
+    value = getattr(_HIER_LOCAL, "value", None)
+    if value is not None:
+        return value[0] if knob == "HORO_HIERARCHICAL_ALLREDUCE" else value[1]
+    return bool(config.get(knob))
+
+
 def hierarchical_allreduce(comm: Any) -> bool:
     """Whether allreduces on ``comm`` take the hierarchical path (collective on first use: see hierarchy)."""
     return _hierarchy(comm, "HORO_HIERARCHICAL_ALLREDUCE") is not None
@@ -145,7 +163,7 @@ def _hierarchy(comm: Any, knob: str) -> hierarchy.Topology | None:
 
     16-bit floats keep the flat path: their reduction is horo's own (``_allreduce_16bit``), not MPI's.
     """
-    if not config.get(knob) or comm.Get_size() < 2:
+    if not _hier_on(knob) or comm.Get_size() < 2:
         return None
     topo = hierarchy.topology(comm)
     return topo if topo.useful else None

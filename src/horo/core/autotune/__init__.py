@@ -26,24 +26,33 @@ def setup(comm: Any, base: Knobs) -> tuple[AutotuneOptions, Manager | None]:
     """
     from mpi4py import MPI
 
-    from ..nccl import hierarchical_requested
-
     mine: AutotuneOptions | Exception | None = None
-    manager: Manager | None = None
     if comm.Get_rank() == 0:
         try:
             mine = read_options()
             if mine.enabled:
                 load_gp()  # fail at init, on every rank, rather than at the first trial
-                manager = Manager(mine, base, explicit_knobs(), {}, hierarchical=(hierarchical_requested(), False))
         except (ValueError, ImportError, OSError) as exc:
             mine = exc
     agreed = comm.bcast(mine, root=0)
     if isinstance(agreed, Exception):
         raise agreed
+    manager: Manager | None = None
     if agreed.enabled:
         hosts = comm.allgather(MPI.Get_processor_name())
-        if manager is not None:
-            manager.job = {"world_size": comm.Get_size(), "hosts": hosts,
-                           "mpi": MPI.Get_library_version().splitlines()[0].strip()}
+        if comm.Get_rank() == 0:
+            fixed = explicit_knobs()
+            counts = [hosts.count(h) for h in set(hosts)]
+            if len(counts) < 2 or max(counts) < 2:  # the hierarchical paths would run flat: nothing to tune
+                fixed.setdefault("hierarchical_allreduce", float(base.hierarchical_allreduce))
+                fixed.setdefault("hierarchical_allgather", float(base.hierarchical_allgather))
+            job = {"world_size": comm.Get_size(), "hosts": hosts,
+                   "mpi": MPI.Get_library_version().splitlines()[0].strip()}
+            try:
+                manager = Manager(agreed, base, fixed, job)
+            except (ValueError, OSError) as exc:  # e.g. an unwritable log: raised on every rank below
+                manager, mine = None, exc
+        failed = comm.bcast(mine if isinstance(mine, Exception) else None, root=0)
+        if failed is not None:
+            raise failed
     return agreed, manager

@@ -39,17 +39,15 @@ class Manager:
         base: the knobs in effect at ``init()``.
         fixed: knobs set by hand, knob -> value (held fixed).
         job: world_size, hosts, mpi: the job half of the cache key.
-        hierarchical: the (untuned) hierarchical allreduce / allgather settings, for the log.
     """
 
     def __init__(self, options: AutotuneOptions, base: Knobs, fixed: Mapping[str, float],
-                 job: Mapping[str, Any], hierarchical: tuple[bool, bool] = (False, False)) -> None:
+                 job: Mapping[str, Any]) -> None:
         from .settings import start_knobs
 
         self.options = options
         self.fixed = dict(fixed)
         self.job = dict(job)
-        self.hierarchical = hierarchical
         self.search = Search(start_knobs(base, options.start, fixed), fixed, options.max_samples, options.noise)
         self.current = self.search.first()
         self.seq = 1  # bumped for every new setting; the engine applies a setting when the number changes
@@ -181,8 +179,7 @@ class Manager:
         self.trials.append({"knobs": knobs, "score": score, "phase": phase, "samples": samples or []})
         if self._log is None:
             return
-        ha, hg = self.hierarchical
         csv.writer(self._log).writerow([
-            int(ha), int(hg), int(knobs.cache_enabled), f"{knobs.cycle_time_ms:g}", knobs.fusion_threshold,
+            int(knobs.hierarchical_allreduce), int(knobs.hierarchical_allgather), int(knobs.cache_enabled), f"{knobs.cycle_time_ms:g}", knobs.fusion_threshold,
             f"{score:.6g}", knobs.chunk_bytes, len(self.trials), phase])
         self._log.flush()

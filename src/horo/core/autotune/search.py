@@ -4,8 +4,10 @@ The continuous knobs (fusion threshold, cycle time, chunk size) are searched on 
 unit cube: on host memory the best fusion threshold sits near 1 MiB, which a linear 0-64 MiB axis (as in
 Horovod) would squeeze into its first 2 %. The Gaussian process is scikit-learn's (the optional
 ``horo[autotune]`` extra, imported only when autotune is on); the acquisition is maximised with SciPy's
-L-BFGS-B from the best of a few thousand random candidates. On/off knobs (the response cache) are tried
-after the continuous search, each value once at the best continuous point, as Horovod chains them.
+L-BFGS-B from the best of a few thousand random candidates. On/off knobs (the response cache, and the
+hierarchical allreduce and allgather where the job spans hosts and some host runs several ranks) are tried
+after the continuous search, one after the other, each flipped once at the best setting so far, as
+Horovod chains them; a flipped trial is rated by its setting's rating times the ratio of their raw scores.
 
 Then, beyond Horovod, a run-off: the ``FINALISTS`` best-rated settings are measured again, in turn,
 ``CONFIRM_ROUNDS`` times (A B C A B C), and the one with the best mean of those back-to-back scores is
@@ -22,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from .settings import Knobs
+from .settings import CATEGORICAL, Knobs
 
 __all__ = ["EXTRA_HINT", "Search", "load_gp", "to_unit", "from_unit", "CONTINUOUS"]
 
@@ -101,7 +103,8 @@ class Search:
             if self.dims and cand not in self.points:
                 self.points.append(cand)
         self.points = self.points[:max_samples] if self.dims else [start]
-        self.categorical = [] if "cache_enabled" in fixed else ["cache_enabled"]
+        self.categorical = [k for k in CATEGORICAL if k not in fixed]
+        self._parent: dict[Knobs, Knobs] = {}  # an on/off trial -> the setting it flipped a knob of
         self.history: list[tuple[Knobs, float]] = []
         self.phase = "fixed"
         self._runoff: list[Knobs] | None = None  # the trials still to run in the run-off (None: not begun)
@@ -121,15 +124,14 @@ class Search:
         """Every tried setting's rating (see :meth:`_rated`)."""
         raw = dict(self.history)  # knobs -> score (a setting tried twice keeps its last score)
         est = dict(raw)
-        fit = self._fit(self.start.cache_enabled)
+        fit = self._fit()
         if fit is not None:
             gp, x, hist, mu, sd = fit
             for (k, _), m in zip(hist, gp.predict(x) * sd + mu):
                 est[k] = float(m)
-            for k, score in raw.items():
-                base = replace(k, cache_enabled=self.start.cache_enabled)
-                if k.cache_enabled != self.start.cache_enabled and base in est and raw[base] > 0:
-                    est[k] = est[base] * score / raw[base]
+        for k, parent in self._parent.items():  # in trial order: a parent is rated before its children
+            if k in raw and parent in est and raw.get(parent, 0) > 0:
+                est[k] = est[parent] * raw[k] / raw[parent]
         return est
 
     def _rated(self) -> tuple[Knobs, float]:
@@ -170,12 +172,13 @@ class Search:
             self.phase = "bayes"
             return self._propose()
         # On/off knobs: each other value once, at the best setting so far.
-        tried = {k.cache_enabled for k, _ in self.history}
         for knob in self.categorical:
-            if knob == "cache_enabled" and len(tried) < 2:
+            if len({getattr(k, knob) for k, _ in self.history}) < 2:
                 self.phase = "categorical"
                 best = self._rated()[0]
-                return replace(best, cache_enabled=not best.cache_enabled)
+                flipped = replace(best, **{knob: not getattr(best, knob)})
+                self._parent[flipped] = best
+                return flipped
         ranked = sorted(self._ratings().items(), key=lambda kv: kv[1], reverse=True)
         finalists = [k for k, _ in ranked[:FINALISTS]]
         if len(finalists) < 2 or self._runoff is not None:
@@ -185,12 +188,17 @@ class Search:
         self._runoff = finalists * CONFIRM_ROUNDS
         return self._runoff.pop(0)
 
-    def _fit(self, cache_on: bool) -> tuple[Any, np.ndarray, list[tuple[Knobs, float]], float, float] | None:
-        """The Gaussian process over the continuous trials with the cache ``cache_on``, or None (< 3 trials).
+    @staticmethod
+    def _on_off(k: Knobs) -> tuple[bool, ...]:
+        return tuple(getattr(k, c) for c in CATEGORICAL)
+
+    def _fit(self) -> tuple[Any, np.ndarray, list[tuple[Knobs, float]], float, float] | None:
+        """The Gaussian process over the continuous trials (the start's on/off knobs), or None (< 3 trials).
 
         Returns (gp, unit-cube points, their trials, mean, std): the GP models standardised scores.
         """
-        hist = [(k, s) for k, s in self.history if k.cache_enabled == cache_on]
+        home = self._on_off(self.start)
+        hist = [(k, s) for k, s in self.history if self._on_off(k) == home]
         if not self.dims or len(hist) < 3:
             return None
         gpr_cls, kernels, _, _ = self._gp or load_gp()
@@ -210,8 +218,7 @@ class Search:
     def _propose(self) -> Knobs:
         _, _, minimize, norm = self._gp or load_gp()
         d = len(self.dims)
-        best_cache = self.start.cache_enabled
-        fit = self._fit(best_cache)
+        fit = self._fit()
         if fit is None:
             return self._knobs(dict(zip(self.dims, self.rng.random(d).tolist())))
         gp, x = fit[0], fit[1]
@@ -234,7 +241,7 @@ class Search:
         found.sort(key=lambda fu: fu[0])
         seen = {k for k, _ in self.history}
         for _, u in found + [(0.0, c) for c in cand[np.argsort(scores)[::-1]]]:
-            knobs = self._knobs(dict(zip(self.dims, u.tolist())), base=replace(self.start, cache_enabled=best_cache))
+            knobs = self._knobs(dict(zip(self.dims, u.tolist())), base=self.start)
             if knobs not in seen:
                 return knobs
         return self._knobs(dict(zip(self.dims, self.rng.random(d).tolist())))

@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
-__all__ = ["AutotuneOptions", "Knobs", "KNOB_ENV", "read_options", "explicit_knobs", "parse_start", "start_knobs"]
+__all__ = ["AutotuneOptions", "CATEGORICAL", "Knobs", "KNOB_ENV", "read_options", "explicit_knobs", "parse_start", "start_knobs"]
 
 #: knob -> the variable that sets it by hand (a knob set by hand is held fixed while tuning).
 KNOB_ENV: dict[str, str] = {
@@ -20,7 +20,11 @@ KNOB_ENV: dict[str, str] = {
     "cycle_time_ms": "HORO_CYCLE_TIME",
     "chunk_bytes": "HORO_CHUNK_BYTES",
     "cache_enabled": "HORO_CACHE_CAPACITY",  # Horovod's rule: a capacity set by hand fixes it (0 = off)
+    "hierarchical_allreduce": "HORO_HIERARCHICAL_ALLREDUCE",
+    "hierarchical_allgather": "HORO_HIERARCHICAL_ALLGATHER",
 }
+#: the on/off knobs, tried after the continuous search (Horovod's categorical parameters)
+CATEGORICAL = ("cache_enabled", "hierarchical_allreduce", "hierarchical_allgather")
 
 # horo name -> Horovod name accepted as an alias (the horo name wins when both are set).
 _ALIASES: dict[str, str] = {
@@ -34,6 +38,8 @@ _ALIASES: dict[str, str] = {
     "HORO_FUSION_THRESHOLD": "HOROVOD_FUSION_THRESHOLD",
     "HORO_CYCLE_TIME": "HOROVOD_CYCLE_TIME",
     "HORO_CACHE_CAPACITY": "HOROVOD_CACHE_CAPACITY",
+    "HORO_HIERARCHICAL_ALLREDUCE": "HOROVOD_HIERARCHICAL_ALLREDUCE",
+    "HORO_HIERARCHICAL_ALLGATHER": "HOROVOD_HIERARCHICAL_ALLGATHER",
 }
 _TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off", "")
 
@@ -46,6 +52,8 @@ class Knobs:
     cycle_time_ms: float = 50.0  # idle tick between engine rounds
     chunk_bytes: int = 1 << 20  # piece size for allreduces above 8x this
     cache_enabled: bool = True  # the response cache (names negotiated once, then by bit)
+    hierarchical_allreduce: bool = False  # the engine's allreduces in host, across leaders, in host
+    hierarchical_allgather: bool = False  # the same for its allgathers
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -150,7 +158,7 @@ def explicit_knobs(environ: Mapping[str, str] | None = None) -> dict[str, float]
     for knob, name in KNOB_ENV.items():
         if _get(env, name)[1] is not None:
             value = _number(env, name, 0, 0, integer=False)
-            out[knob] = float(value > 0) if knob == "cache_enabled" else value
+            out[knob] = float(value > 0) if knob in CATEGORICAL else value
     return out
 
 
@@ -159,7 +167,7 @@ def start_knobs(base: Knobs, start: Mapping[str, float], fixed: Mapping[str, flo
     values = {**start, **fixed}
     kw: dict[str, Any] = {}
     for knob, value in values.items():
-        kw[knob] = bool(value) if knob == "cache_enabled" else (
+        kw[knob] = bool(value) if knob in CATEGORICAL else (
             float(value) if knob == "cycle_time_ms" else int(value))
     return replace(base, **kw)
 
