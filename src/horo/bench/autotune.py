@@ -33,7 +33,8 @@ from horo.bench import plot
 from horo.bench._util import env_summary, fmt_f, fmt_size, limit_threads, md_table, parse_size
 
 TARGET = 1.10
-_KNOB_ENV = ("HORO_FUSION_THRESHOLD", "HORO_CYCLE_TIME", "HORO_CHUNK_BYTES", "HORO_CACHE_CAPACITY")
+_KNOB_ENV = ("HORO_FUSION_THRESHOLD", "HORO_CYCLE_TIME", "HORO_CHUNK_BYTES", "HORO_CACHE_CAPACITY",
+             "HORO_HIERARCHICAL_ALLREDUCE", "HORO_HIERARCHICAL_ALLGATHER")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -59,7 +60,9 @@ def _parser() -> argparse.ArgumentParser:
 def _knob_env(knobs: dict[str, Any]) -> dict[str, str]:
     return {"HORO_FUSION_THRESHOLD": str(knobs["fusion_threshold"]), "HORO_CYCLE_TIME": repr(knobs["cycle_time_ms"]),
             "HORO_CHUNK_BYTES": str(knobs["chunk_bytes"]),
-            "HORO_CACHE_CAPACITY": "1024" if knobs["cache_enabled"] else "0"}
+            "HORO_CACHE_CAPACITY": "1024" if knobs["cache_enabled"] else "0",
+            "HORO_HIERARCHICAL_ALLREDUCE": str(int(knobs.get("hierarchical_allreduce", False))),
+            "HORO_HIERARCHICAL_ALLGATHER": str(int(knobs.get("hierarchical_allgather", False)))}
 
 
 def _set_env(values: dict[str, str]) -> None:
