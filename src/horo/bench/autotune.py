@@ -2,7 +2,7 @@
 
     hororun -np 2 python -m horo.bench autotune [--start-fusion 64MiB] [--steps-per-sample 5]
         [--warmup-samples 1] [--max-samples 20] [--noise 0.8] [--grid-fusion LIST] [--grid-cycle LIST]
-        [--grid-chunk LIST] [--repeats 5] [--iters 3] [--log FILE] [--plot FILE.png] [--json FILE]
+        [--grid-chunk LIST] [--repeats 9] [--iters 3] [--log FILE] [--plot FILE.png] [--json FILE]
 
 1. Tuning: horo starts with ``HORO_AUTOTUNE=1`` from a deliberately bad setting (64 MiB fusion, given as
    ``HORO_AUTOTUNE_START`` so the knob stays tunable) and runs engine steps (the 161 ResNet-50 gradients,
@@ -48,7 +48,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--grid-fusion", default="256KiB,1MiB,4MiB,16MiB,64MiB", help="grid fusion thresholds")
     p.add_argument("--grid-cycle", default="1,10,50", help="grid cycle times in ms")
     p.add_argument("--grid-chunk", default="", help="grid chunk sizes (default: HORO_CHUNK_BYTES's value only)")
-    p.add_argument("--repeats", type=int, default=5, help="steady-state samples per variant (default 5)")
+    p.add_argument("--repeats", type=int, default=9, help="steady-state samples per variant (default 9)")
     p.add_argument("--iters", type=int, default=3, help="steps per steady-state sample (default 3)")
     p.add_argument("--max-steps", type=int, default=3000, help="give up tuning after this many steps")
     p.add_argument("--log", metavar="FILE", help="the autotune CSV log (HORO_AUTOTUNE_LOG)")
