@@ -180,6 +180,7 @@ class Manager:
         if self._log is None:
             return
         csv.writer(self._log).writerow([
-            int(knobs.hierarchical_allreduce), int(knobs.hierarchical_allgather), int(knobs.cache_enabled), f"{knobs.cycle_time_ms:g}", knobs.fusion_threshold,
-            f"{score:.6g}", knobs.chunk_bytes, len(self.trials), phase])
+            int(knobs.hierarchical_allreduce), int(knobs.hierarchical_allgather), int(knobs.cache_enabled),
+            f"{knobs.cycle_time_ms:g}", knobs.fusion_threshold, f"{score:.6g}", knobs.chunk_bytes, len(self.trials),
+            phase])
         self._log.flush()

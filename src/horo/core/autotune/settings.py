@@ -12,7 +12,8 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
-__all__ = ["AutotuneOptions", "CATEGORICAL", "Knobs", "KNOB_ENV", "read_options", "explicit_knobs", "parse_start", "start_knobs"]
+__all__ = ["AutotuneOptions", "CATEGORICAL", "Knobs", "KNOB_ENV", "read_options", "explicit_knobs", "parse_start",
+           "start_knobs"]
 
 #: knob -> the variable that sets it by hand (a knob set by hand is held fixed while tuning).
 KNOB_ENV: dict[str, str] = {
