@@ -315,7 +315,7 @@ def test_collective_suite_on_2x2(bed, tmp_path, hierarchical):
     assert rc == 0 and set(rcs.values()) == {"0"}, f"rank exit codes {rcs}\n{out[-8000:]}"
 
 
-@pytest.mark.slow  # two jobs of 110 engine steps on 4 ranks across the bed: ~5 minutes here (make test-slow)
+@pytest.mark.slow  # two jobs of 110 engine steps on 4 ranks across the bed, ~1 minute (make test-slow)
 def test_autotune_tunes_the_hierarchical_paths_across_hosts(bed, tmp_path):
     # 2 hosts x 2 ranks: the hierarchical allreduce/allgather are on/off knobs here (on one host they are
     # held fixed). Every rank must switch at the same engine round, and the results (integer-valued floats,
@@ -326,13 +326,17 @@ def test_autotune_tunes_the_hierarchical_paths_across_hosts(bed, tmp_path):
 
     script = str(REPO / "tests" / "scripts" / "autotune_job.py")
     log, tuned_out, plain_out = tmp_path / "log.csv", tmp_path / "tuned.json", tmp_path / "plain.json"
+    # The cycle time is held (a knob set by hand): engine ticks of a few ms across the bed's hosts can stall
+    # Open MPI's TCP transport for minutes, with or without autotune (HORO_CYCLE_TIME=2, no autotune: stuck
+    # at step 1 in 2 runs of 4; an open defect, docs/multihost.md). This test is about the on/off knobs.
     env = {"HORO_AUTOTUNE_STEPS_PER_SAMPLE": "1", "HORO_AUTOTUNE_WARMUP_SAMPLES": "0",
-           "HORO_AUTOTUNE_BAYES_OPT_MAX_SAMPLES": "6"}
+           "HORO_AUTOTUNE_BAYES_OPT_MAX_SAMPLES": "6", "HORO_CYCLE_TIME": "50"}
     layout = ["-np", "4", "-H", "node1:2,node2:2"]
     rc, out, _ = hororun(bed, [*layout, "--autotune", "--autotune-log-file", str(log), sys.executable, script,
                                str(tuned_out), "--steps", "110"], timeout=300, env_extra=env)
     assert rc == 0, out[-6000:]
-    rc, out, _ = hororun(bed, [*layout, sys.executable, script, str(plain_out), "--steps", "110"], timeout=300)
+    rc, out, _ = hororun(bed, [*layout, sys.executable, script, str(plain_out), "--steps", "110"], timeout=300,
+                         env_extra={"HORO_CYCLE_TIME": "50"})
     assert rc == 0, out[-6000:]
     tuned, plain = json.loads(tuned_out.read_text()), json.loads(plain_out.read_text())
     logs = [r["knob_log"] for r in tuned]

@@ -62,7 +62,9 @@ frozen_at = None
 log_len_at_freeze = None
 for steps in range(1, args.steps + 1):
     step(steps)
-    if frozen_at is None and comm.allreduce(int(not engine.tuning), op=MPI.MAX):
+    # Through horo, not raw mpi4py: a raw blocking call here, with the engine thread polling beside it, is
+    # the pattern that stalls Open MPI's TCP transport for seconds across hosts (docs/multihost.md).
+    if frozen_at is None and horo.allreduce(np.array([int(not engine.tuning)]), name="frozen", op=horo.Max)[0]:
         frozen_at = steps
         log_len_at_freeze = len(engine.knob_log)
 
