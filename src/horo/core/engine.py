@@ -11,7 +11,9 @@ op and scale are packed into a reused fusion buffer up to ``HORO_FUSION_THRESHOL
 
 Idle engines keep ticking every ``HORO_CYCLE_TIME`` ms (default 50), so a rank that never submits a
 tensor is still seen: that is what lets the stall inspector name it. A parked engine wakes at once when
-its own rank submits, which any pending op needs anyway, so the long tick adds no latency.
+its own rank submits, which any pending op needs anyway, so the long tick adds no latency. Across hosts the
+tick is never shorter than ``_MIN_TICK_ACROSS_HOSTS_S``: a 2 ms tick stalled Open MPI's TCP transport
+(docs/multihost.md, "short engine tick").
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
+from mpi4py import MPI
 
 from . import mpi_ops, watchdog
 from .autotune.settings import Knobs
@@ -46,6 +49,9 @@ _BLOCKED_SHIFT, _SEQ_SHIFT = 8, 24
 _HDR = 2  # flags, round-entry wall time (µs); then, while autotuning, _TUNE words; then the bit vector
 _TUNE = 5  # rank 0's current setting: sequence number, fusion bytes, cycle time (µs), chunk bytes, cache on
 _AUTO = ".noname."
+# On the emulated cluster (2 hosts x 2 ranks, Open MPI 5 over TCP) a 2 ms tick stalled a job in 4 runs of 4
+# and a 3 ms one slowed it 3x once in 2; 5 ms and up ran like 50 ms. 10 ms keeps a margin.
+_MIN_TICK_ACROSS_HOSTS_S = 0.01
 
 
 class Request:
@@ -87,7 +93,10 @@ class Engine:
         self.cache_names: list[str] = []
         self.capacity = config.int("HORO_CACHE_CAPACITY")
         self.threshold = config.int("HORO_FUSION_THRESHOLD")
-        self.idle_s = max(config["HORO_CYCLE_TIME"], 0.1) / 1000.0
+        local = comm.Split_type(MPI.COMM_TYPE_SHARED, key=self.me)
+        self.min_tick_s = _MIN_TICK_ACROSS_HOSTS_S if local.Get_size() < self.n else 1e-4
+        local.Free()
+        self.idle_s = max(config["HORO_CYCLE_TIME"] / 1000.0, self.min_tick_s)
         self.chunk = config.int("HORO_CHUNK_BYTES")
         self.cache_on = self.capacity > 0
         self.knobs = self.configured_knobs()
@@ -249,7 +258,10 @@ class Engine:
                 if mpi_req.Test():
                     return
                 os.sched_yield()  # lets other threads run; time.sleep(0) would take ~80 µs (timer slack)
-        delay = 5e-5
+        # An idle round (nothing pending, not joined) is awaited by no one here: its first check waits a
+        # whole cycle (a submission cuts it short). Polling it fast is what starved a concurrent blocking
+        # call across hosts when the cycle was short (docs/multihost.md, "short engine tick").
+        delay = 5e-5 if busy or self.pending or self.joined else self.idle_s
         while not mpi_req.Test():
             with self.cv:
                 busy = bool(self.pending) and not self._caller_in_mpi()
@@ -423,7 +435,7 @@ class Engine:
         """Switch to ``knobs``; only between rounds, and at the same round on every rank."""
         self.knobs = knobs
         self.threshold = knobs.fusion_threshold
-        self.idle_s = max(knobs.cycle_time_ms, 0.1) / 1000.0
+        self.idle_s = max(knobs.cycle_time_ms / 1000.0, self.min_tick_s)
         self.chunk = knobs.chunk_bytes
         # The engine's own collectives only: synchronous ones on other threads keep the configured algorithm.
         hier = (knobs.hierarchical_allreduce, knobs.hierarchical_allgather)
@@ -593,8 +605,6 @@ class Engine:
                     f"e.g. after an exception; leaving: {gone}). Aborting the job instead of hanging.\n")
                 sys.stderr.flush()
                 time.sleep(0.3)  # let the launcher forward the message before the job is torn down
-                from mpi4py import MPI
-
                 MPI.COMM_WORLD.Abort(1)
         for key in list(self.stuck_since):
             if key not in seen:
