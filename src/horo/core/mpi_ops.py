@@ -135,19 +135,23 @@ _HIER_PIECE_BYTES = 1 << 20
 _ONE_CALL_BYTES = 64 << 10  # below every chunk size the config or autotune may choose (their minimum is larger)
 
 
-_HIER_LOCAL = threading.local()  # an engine round's tuned (allreduce, allgather) algorithm, on its thread
+class _HierLocal(threading.local):
+    value: tuple[bool, bool] | None = None  # a class default: a missing attribute would cost an exception
+
+
+_HIER_LOCAL = _HierLocal()  # an engine round's tuned (allreduce, allgather) algorithm, on its thread
 
 
 def set_hierarchical(value: tuple[bool, bool] | None) -> tuple[bool, bool] | None:
     """Make this thread's allreduces/allgathers hierarchical or flat regardless of the config (None: follow
     it); returns the previous value. The autotuner's engine rounds use it: all ranks switch at one round."""
-    before = getattr(_HIER_LOCAL, "value", None)
+    before = _HIER_LOCAL.value
     _HIER_LOCAL.value = value
     return before
 
 
 def _hier_on(knob: str) -> bool:
-    value = getattr(_HIER_LOCAL, "value", None)
+    value = _HIER_LOCAL.value
     if value is not None:
         return value[0] if knob == "HORO_HIERARCHICAL_ALLREDUCE" else value[1]
     return bool(config.get(knob))

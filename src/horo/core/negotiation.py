@@ -19,7 +19,8 @@ from .errors import MismatchError
 from .ops import Average, Sum
 from .watchdog import guarded
 
-__all__ = ["Signature", "JOIN", "BLOCKED", "agree", "exchange", "format_mismatch", "joinable"]
+__all__ = ["Signature", "JOIN", "BLOCKED", "agree", "exchange", "format_mismatch", "joinable", "sig_hash",
+           "agree_quiet"]
 
 Signature = tuple  # tuple of (field, value) pairs, hashable and picklable
 
@@ -37,6 +38,11 @@ BLOCKED = _Blocked()
 
 _HASHES: dict[Signature, int] = {}
 _CACHE_LIMIT = 1 << 16
+
+
+def sig_hash(sig: Signature) -> int:
+    """The signature's 64-bit digest, the same on every rank (what the agreement compares)."""
+    return _hash(sig)
 
 
 def _hash(sig: Signature) -> int:
@@ -72,13 +78,18 @@ def _canonical(sig: Signature) -> str:
 
 
 @guarded("the agreement step before a collective")
-def exchange(comm: Any, sig: Signature, payload: int = 0) -> tuple[list[int], list[Signature] | None]:
+def exchange(comm: Any, sig: Signature, payload: int = 0,
+             h: int | None = None) -> tuple[list[int], list[Signature] | None]:
     """Allgather (hash, payload); on disagreement also allgather the full signatures.
+
+    Args:
+        h: ``sig``'s hash when the caller kept it from an earlier call (see collectives' repeat calls).
 
     Returns:
         The per-rank payloads, and the per-rank signatures when they differ (else None).
     """
-    h = _hash(sig)
+    if h is None:
+        h = _hash(sig)
     _, send, recv, send_spec, recv_spec = _buffers(comm)
     send[0] = h
     send[1] = payload
@@ -95,12 +106,33 @@ def exchange(comm: Any, sig: Signature, payload: int = 0) -> tuple[list[int], li
     return payloads, comm.allgather(sig)
 
 
+def agree_quiet(comm: Any, sig: Signature, h: int, ranks: list[int] | None) -> None:
+    """:func:`agree` without a payload, for a signature whose hash is known, while the watchdog is off.
+
+    The same exchange as :func:`exchange` (one Allgather of the hash, the signatures only on disagreement),
+    less its per-call dispatch: the synchronous allreduce's repeat calls run it (see repeat.py).
+    """
+    _, send, recv, send_spec, recv_spec = _buffers(comm)
+    send[0] = h
+    send[1] = 0
+    BLOCKED.seq += 1
+    BLOCKED.comm = comm
+    try:
+        comm.Allgather(send_spec, recv_spec)
+    finally:
+        BLOCKED.comm = None
+    hashes = recv.tolist()[0::2]
+    if hashes.count(h) != len(hashes):
+        _disagree(comm.allgather(sig), ranks)
+
+
 def joinable(sig: Signature) -> bool:
     fields = dict(sig)
     return fields.get("collective") in ("allreduce", "grouped_allreduce") and fields.get("op") in (Sum, Average)
 
 
-def agree(comm: Any, sig: Signature, payload: int = 0, ranks: list[int] | None = None) -> list[int]:
+def agree(comm: Any, sig: Signature, payload: int = 0, ranks: list[int] | None = None,
+          h: int | None = None) -> list[int]:
     """Check that every rank of ``comm`` calls the same collective; return the per-rank payloads.
 
     Args:
@@ -108,16 +140,22 @@ def agree(comm: Any, sig: Signature, payload: int = 0, ranks: list[int] | None =
         sig: this rank's signature.
         payload: one int64 carried along (e.g. dim 0 for allgather).
         ranks: global ranks of the set's members, for the message.
+        h: ``sig``'s hash, when already known.
 
     Raises:
         MismatchError: on every rank, when the signatures differ.
     """
-    payloads, sigs = exchange(comm, sig, payload)
-    if sigs is None:
-        return payloads
+    payloads, sigs = exchange(comm, sig, payload, h)
+    if sigs is not None:
+        _disagree(sigs, ranks)
+    return payloads
+
+
+def _disagree(sigs: list[Signature], ranks: list[int] | None) -> None:
+    """Raise the mismatch, unless the only difference is ranks that joined (they contribute zeros)."""
     active = [s for s in sigs if s != JOIN]
     if active and len(active) < len(sigs) and all(s == active[0] for s in active) and joinable(active[0]):
-        return payloads  # joined ranks contribute zeros; see collectives.join
+        return  # see collectives.join
     raise MismatchError(format_mismatch(sigs, ranks))
 
 

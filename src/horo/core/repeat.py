@@ -1,0 +1,89 @@
+"""Repeat calls of the synchronous allreduce: the local checks of an identical earlier call, remembered.
+
+A training loop allreduces the same shapes with the same arguments every step. When a call's arguments
+match an earlier checked call exactly (a C-contiguous numpy array of the same dtype and shape, the same op,
+average, scale factors and name, each of the same type, and the same registered process set), its checked
+values, its signature and the signature's hash are reused, and an array of up to 64 KiB makes its one MPI
+call directly. Every call still agrees with the other ranks, so mismatched calls raise as before: only
+this rank's own work is skipped. At two ranks this cut the added latency of a 64 B call roughly in half
+(README, issue 15).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from . import mpi_ops, watchdog
+from .negotiation import Signature, agree, agree_quiet, sig_hash
+from .ops import Average, ReduceOp
+from .process_sets import ProcessSet
+from .scaling import finish_reduction
+from .state import state
+
+__all__ = ["key", "lookup", "remember", "run"]
+
+_LIMIT = 4096  # entries; unbounded unique names or shapes must not grow memory
+
+# key -> (process set, its communicator then, signature, hash, op, prescale, postscale, one-call?, MPI op,
+#         MPI datatype, MPI.IN_PLACE, finish?, result up to 4 KiB?)
+_SEEN: dict[tuple, tuple] = {}
+
+
+def key(inplace: bool, arr: np.ndarray, average: Any, name: Any, op: Any, pre: Any, post: Any,
+        process_set: Any) -> tuple:
+    if (op is None and average is None and name is None and process_set is None and pre.__class__ is float
+            and post.__class__ is float and pre == 1.0 and post == 1.0):
+        return (inplace, arr.dtype, arr.shape)  # every argument at its default: the common case, hashed fast
+    # Types go in too: True == 1 == 1.0 as dict keys, but not as arguments (a bool scale factor is refused).
+    return (inplace, arr.dtype, arr.shape, op, op.__class__, average, average.__class__, pre, pre.__class__,
+            post, post.__class__, name, name.__class__, process_set.__class__, id(process_set))
+
+
+def lookup(k: tuple) -> tuple | None:
+    """The remembered entry for ``k``, if its process set is still the registered one with the same comm."""
+    entry = _SEEN.get(k)
+    if entry is None:
+        return None
+    ps = entry[0]
+    if (not state.initialized or state.failed is not None or ps.comm is not entry[1]
+            or state.process_sets.get(ps.process_set_id) is not ps):
+        del _SEEN[k]
+        return None
+    return entry
+
+
+def remember(k: tuple, ps: ProcessSet, arr: np.ndarray, sig: Signature, rop: ReduceOp, pre: float,
+             post: float) -> None:
+    """Keep a checked call's values (after its checks passed, before its agreement)."""
+    if len(_SEEN) >= _LIMIT:
+        _SEEN.clear()
+    one_call = (arr.nbytes <= mpi_ops._ONE_CALL_BYTES and pre == 1.0 and not mpi_ops.needs_upcast(arr.dtype)
+                and rop.__class__ is ReduceOp and rop.value != "Adasum")
+    mpi_ops._load()
+    mpi = mpi_ops.MPI
+    _SEEN[k] = (ps, ps.comm, sig, sig_hash(sig), rop, pre, post, one_call,
+                mpi_ops._mpi_op(rop, arr.dtype) if one_call else None, mpi_ops._DATATYPES.get(arr.dtype),
+                mpi.IN_PLACE, rop is Average or post != 1.0, arr.nbytes <= mpi_ops._SMALL_BYTES)
+
+
+def run(entry: tuple, send: np.ndarray, out: np.ndarray | None) -> np.ndarray:
+    """Agree, then reduce ``send`` into ``out`` (the same array for in place; None: a new result)."""
+    ps, comm, sig, h, rop, pre, post, one_call, mop, dt, in_place, finish, tiny = entry
+    if out is None:  # mpi_ops.result_buffer's choice, made once: a plain np.empty up to 4 KiB
+        out = np.empty(send.shape, send.dtype) if tiny else mpi_ops.result_buffer(send.shape, send.dtype)
+    if watchdog.enabled():
+        agree(comm, sig, ranks=ps.ranks, h=h)
+    else:
+        agree_quiet(comm, sig, h, ps.ranks)
+    if one_call and not watchdog.enabled() and not mpi_ops._hier_on("HORO_HIERARCHICAL_ALLREDUCE"):
+        # The one-call branch of mpi_ops.allreduce_into, without its per-call dispatch.
+        if send is out:
+            comm.Allreduce(in_place, [out, dt], op=mop)
+        else:
+            comm.Allreduce([send, dt], [out, dt], op=mop)
+        if finish:
+            finish_reduction(np, out, rop, comm.Get_size(), post)
+        return out
+    return mpi_ops.allreduce_into(comm, send, out, rop, pre, post)

@@ -1,0 +1,150 @@
+"""Repeat calls of the synchronous allreduce (core/repeat.py): remembered checks never hide an error.
+
+A call identical to an earlier checked one reuses that call's checks and signature. These tests make each
+call at least twice first, so that the remembered path is the one under test.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+from horo_mpi_util import agree, outcome, sync_comm
+from test_runtime import _clean_env
+
+
+def _twice(call):
+    call()
+    return call()
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.int32, np.int64])
+def test_repeat_calls_give_exact_results(hvd, world, rank, dtype):
+    from horo.core import repeat
+
+    for step in range(4):
+        x = np.full(5, rank + step, dtype=dtype)
+        total = sum(r + step for r in range(world))
+        out = hvd.allreduce(x, op=hvd.Sum, name="repeat.sum")
+        y = x.copy()
+        back = hvd.allreduce_(y, op=hvd.Sum, name="repeat.sum_")
+        avg = hvd.allreduce(x.astype(np.float64))  # the default op, Average
+        big = hvd.allreduce(np.full(40000, rank + step, dtype=dtype), op=hvd.Sum)  # above the one-call size
+
+        def _check(x=x, out=out, y=y, back=back, avg=avg, big=big, total=total, step=step):
+            np.testing.assert_array_equal(out, np.full(5, total, dtype=dtype))
+            np.testing.assert_array_equal(x, np.full(5, rank + step, dtype=dtype))  # input untouched
+            assert back is y
+            np.testing.assert_array_equal(y, np.full(5, total, dtype=dtype))
+            np.testing.assert_allclose(avg, np.full(5, total / world))
+            np.testing.assert_array_equal(big, np.full(40000, total, dtype=dtype))
+            assert not np.shares_memory(out, x)
+
+        agree(_check)
+    agree(lambda: len(repeat._SEEN) > 0 or pytest.fail("no call was remembered"))
+
+
+def test_a_remembered_call_still_checks_its_arguments(hvd, world, rank):
+    x = np.ones(4, dtype=np.float32)
+    _twice(lambda: hvd.allreduce(x, prescale_factor=1.0))  # all defaults: the short key
+    _twice(lambda: hvd.allreduce(x, prescale_factor=1.0, name="repeat.args"))  # the long key
+    _twice(lambda: hvd.allreduce_(x, op=hvd.Sum))
+    x[:] = 1
+    ro = x.copy()
+    ro.flags.writeable = False
+    strided = np.ones((4, 2), dtype=np.float32)[:, 0]  # same shape and dtype as x, not contiguous
+    errors = {}
+    for label, call in {
+        "bool prescale": lambda: hvd.allreduce(x, prescale_factor=True, name="repeat.args"),
+        "read-only": lambda: hvd.allreduce_(ro, op=hvd.Sum),
+        "name": lambda: hvd.allreduce(x, name=5),
+        "op": lambda: hvd.allreduce(x, op=object()),
+    }.items():
+        errors[label] = outcome(call)[1]
+    out = hvd.allreduce(strided, op=hvd.Sum)
+
+    def _check():
+        assert isinstance(errors["bool prescale"], TypeError) and "prescale_factor=True" in str(
+            errors["bool prescale"]), errors
+        assert isinstance(errors["read-only"], ValueError) and "read-only" in str(errors["read-only"]), errors
+        assert isinstance(errors["name"], TypeError) and "name=5" in str(errors["name"]), errors
+        assert isinstance(errors["op"], (TypeError, ValueError)), errors
+        np.testing.assert_array_equal(out, np.full(4, world, dtype=np.float32))
+
+    agree(_check)
+
+
+@pytest.mark.usefixtures("multi")
+@pytest.mark.parametrize("who", ["first", "others"])
+def test_a_remembered_call_still_raises_a_mismatch_on_every_rank(hvd, world, rank, who):
+    x = np.ones(3, dtype=np.float32)
+    _twice(lambda: hvd.allreduce(x, name="repeat.mismatch"))
+    # Either rank 0 repeats its remembered call while the others change the dtype, or the reverse.
+    odd = (rank == 0) == (who == "first")
+    arg = x.astype(np.float64) if odd else x
+    sync_comm().Barrier()
+    _, exc, elapsed = outcome(lambda: hvd.allreduce(arg, name="repeat.mismatch"))
+
+    def _check():
+        assert isinstance(exc, hvd.MismatchError), f"expected MismatchError, got {exc!r}"
+        assert "dtype" in str(exc) and "float64" in str(exc) and "float32" in str(exc), str(exc)
+        assert elapsed < 2.0, elapsed
+
+    agree(_check)
+    out = _twice(lambda: hvd.allreduce(x, op=hvd.Sum, name="repeat.after"))
+    agree(np.testing.assert_array_equal, out, np.full(3, world, dtype=np.float32))
+
+
+@pytest.mark.usefixtures("multi")
+def test_a_removed_process_set_is_refused_after_repeat_calls(hvd, world, rank):
+    ps = hvd.add_process_set([0, world - 1] if world > 2 else [0])  # any set but the global one's ranks
+    x = np.ones(2, dtype=np.float32)
+    member = rank in ps.ranks
+    out = _twice(lambda: hvd.allreduce(x, op=hvd.Sum, process_set=ps)) if member else None
+    hvd.remove_process_set(ps)
+    exc = outcome(lambda: hvd.allreduce(x, op=hvd.Sum, process_set=ps))[1] if member else None
+
+    def _check():
+        if member:
+            np.testing.assert_array_equal(out, np.full(2, len(ps.ranks), dtype=np.float32))
+            assert isinstance(exc, ValueError) and "not registered" in str(exc), repr(exc)
+
+    agree(_check)
+
+
+_CHILD = textwrap.dedent(
+    """
+    import numpy as np
+    import horo
+    from horo.core.errors import NotInitializedError
+
+    x = np.arange(4, dtype=np.float32)
+    for _ in range(2):
+        horo.init()
+        for _ in range(3):
+            assert (horo.allreduce(x, op=horo.Sum) == x).all()
+            assert (horo.allreduce_(x.copy()) == x).all()
+        horo.shutdown()
+        for call in (lambda: horo.allreduce(x, op=horo.Sum), lambda: horo.allreduce_(x.copy())):
+            try:
+                call()
+            except NotInitializedError:
+                pass
+            else:
+                raise AssertionError("a remembered call ran after shutdown")
+    print("CHILD-OK")
+    """
+)
+
+
+def test_repeat_calls_after_shutdown_and_init(hvd, rank):
+    # In a fresh one-rank process: remembered calls must not outlive the runtime they were checked in.
+    def _run():
+        proc = subprocess.run([sys.executable, "-c", _CHILD], env=_clean_env(), capture_output=True, text=True,
+                              timeout=120, check=False)
+        assert proc.returncode == 0 and "CHILD-OK" in proc.stdout, proc.stdout[-3000:] + proc.stderr[-3000:]
+
+    agree(_run if rank == 0 else (lambda: None))
