@@ -18,7 +18,7 @@ from .checks import host, name_arg, need_dim, reduce_args, root_arg, splits_arg
 from .config import config
 from .device import gpu_twin
 from .errors import MismatchError
-from .fault import guard
+from .fault import guard, raise_failure
 from .negotiation import JOIN, Signature, agree, exchange, format_mismatch, joinable
 from .ops import Average, ReduceOp, Sum
 from .process_sets import ProcessSet, resolve
@@ -42,51 +42,69 @@ def grouped_sig(arrs: Sequence[np.ndarray], name: str | None, op: ReduceOp, pre:
             ("op", op), ("prescale_factor", pre), ("postscale_factor", post))
 
 
-@guard
-@gpu_twin
 def allreduce(tensor: Any, average: bool | None = None, name: str | None = None, op: Any = None,
               prescale_factor: float = 1.0, postscale_factor: float = 1.0,
               process_set: ProcessSet | None = None) -> np.ndarray:
     """Reduce ``tensor`` over all ranks of the set; returns a new array (the input is not modified)."""
-    k = None
     if tensor.__class__ is np.ndarray and tensor.flags.c_contiguous:
-        k = repeat.key(False, tensor, average, name, op, prescale_factor, postscale_factor, process_set)
-        entry = repeat.lookup(k)
-        if entry is not None:
-            return repeat.run(entry, tensor, None)
+        entry = repeat.lookup(repeat.key(False, tensor, average, name, op, prescale_factor, postscale_factor,
+                                         process_set))
+        if entry is not None:  # see repeat.py; outside the decorators below, which cost ~1 µs per call
+            try:
+                return repeat.run(entry, tensor, None)
+            except Exception as exc:
+                raise_failure(exc, "horo.allreduce")
+                raise
+    return _allreduce(tensor, average, name, op, prescale_factor, postscale_factor, process_set)
+
+
+@guard
+@gpu_twin
+def _allreduce(tensor: Any, average: bool | None, name: str | None, op: Any, prescale_factor: float,
+               postscale_factor: float, process_set: ProcessSet | None) -> np.ndarray:
     what = "horo.allreduce"
     ps = resolve(process_set, what)
     arr = host(tensor, what)
     rop, pre, post = reduce_args(arr, op, average, prescale_factor, postscale_factor, what)
     sig = allreduce_sig(arr, name_arg(name, what), rop, pre, post)
-    if k is not None:
-        repeat.remember(k, ps, arr, sig, rop, pre, post)
+    if arr is tensor and arr.flags.c_contiguous:
+        repeat.remember(repeat.key(False, arr, average, name, op, prescale_factor, postscale_factor, process_set),
+                        ps, arr, sig, rop, pre, post)
     agree(ps.comm, sig, ranks=ps.ranks)
     send = arr if arr.flags.c_contiguous else np.ascontiguousarray(arr)
     return mpi_ops.allreduce_into(ps.comm, send, mpi_ops.result_buffer(send.shape, send.dtype), rop, pre, post)
 
 
-@guard
-@gpu_twin
 def allreduce_(tensor: np.ndarray, average: bool | None = None, name: str | None = None, op: Any = None,
                prescale_factor: float = 1.0, postscale_factor: float = 1.0,
                process_set: ProcessSet | None = None) -> np.ndarray:
     """In-place allreduce: ``tensor`` holds the result; returns it."""
-    k = None
     if tensor.__class__ is np.ndarray:
         flags = tensor.flags
         if flags.c_contiguous and flags.writeable:
-            k = repeat.key(True, tensor, average, name, op, prescale_factor, postscale_factor, process_set)
-            entry = repeat.lookup(k)
+            entry = repeat.lookup(repeat.key(True, tensor, average, name, op, prescale_factor, postscale_factor,
+                                             process_set))
             if entry is not None:
-                return repeat.run(entry, tensor, tensor)
+                try:
+                    return repeat.run(entry, tensor, tensor)
+                except Exception as exc:
+                    raise_failure(exc, "horo.allreduce_")
+                    raise
+    return _allreduce_(tensor, average, name, op, prescale_factor, postscale_factor, process_set)
+
+
+@guard
+@gpu_twin
+def _allreduce_(tensor: np.ndarray, average: bool | None, name: str | None, op: Any, prescale_factor: float,
+                postscale_factor: float, process_set: ProcessSet | None) -> np.ndarray:
     what = "horo.allreduce_"
     ps = resolve(process_set, what)
     arr = _writable(tensor, what)
     rop, pre, post = reduce_args(arr, op, average, prescale_factor, postscale_factor, what)
     sig = allreduce_sig(arr, name_arg(name, what), rop, pre, post)
-    if k is not None:
-        repeat.remember(k, ps, arr, sig, rop, pre, post)
+    if arr is tensor and arr.flags.c_contiguous:
+        repeat.remember(repeat.key(True, arr, average, name, op, prescale_factor, postscale_factor, process_set),
+                        ps, arr, sig, rop, pre, post)
     agree(ps.comm, sig, ranks=ps.ranks)
     buf = arr if arr.flags.c_contiguous else np.ascontiguousarray(arr)
     mpi_ops.allreduce_into(ps.comm, buf, buf, rop, pre, post)

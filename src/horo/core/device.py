@@ -490,7 +490,7 @@ def gpu_twin(fn: Any) -> Any:
     """
     import functools
 
-    twin = "device_" + fn.__name__
+    twin = "device_" + fn.__name__.lstrip("_")  # the checked path ``_allreduce`` has ``device_allreduce``
 
     @functools.wraps(fn)
     def wrapper(tensor: Any, *args: Any, **kwargs: Any) -> Any:

@@ -19,7 +19,7 @@ from typing import Any, TypeVar
 from .errors import HoroInternalError
 from .state import state
 
-__all__ = ["guard", "is_process_failure", "process_failure", "revoke_all", "ulfm_active", "horo_comms"]
+__all__ = ["guard", "raise_failure", "is_process_failure", "process_failure", "revoke_all", "ulfm_active", "horo_comms"]
 
 F = TypeVar("F", bound=Callable[..., Any])
 _lock = threading.Lock()
@@ -73,17 +73,22 @@ def process_failure(exc: BaseException, where: str) -> HoroInternalError:
     return err
 
 
+def raise_failure(exc: BaseException, where: str) -> None:
+    """Raise ``exc`` as horo's process-failure error when it is one (the caller re-raises it otherwise)."""
+    if is_process_failure(exc):
+        raise process_failure(exc, where) from exc
+
+
 def guard(fn: F) -> F:
     """Decorate a collective: an MPI process failure inside it raises ``HoroInternalError`` instead."""
-    where = f"horo.{fn.__name__}"
+    where = f"horo.{fn.__name__.lstrip('_')}"  # a checked path ``_allreduce`` reports as ``horo.allreduce``
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
             return fn(*args, **kwargs)
         except Exception as exc:
-            if is_process_failure(exc):
-                raise process_failure(exc, where) from exc
+            raise_failure(exc, where)
             raise
 
     return wrapper  # type: ignore[return-value]

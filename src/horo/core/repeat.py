@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from . import mpi_ops, watchdog
+from .config import config
 from .negotiation import Signature, agree, agree_quiet, sig_hash
 from .ops import Average, ReduceOp
 from .process_sets import ProcessSet
@@ -26,8 +27,8 @@ __all__ = ["key", "lookup", "remember", "run"]
 
 _LIMIT = 4096  # entries; unbounded unique names or shapes must not grow memory
 
-# key -> (process set, its communicator then, signature, hash, op, prescale, postscale, one-call?, MPI op,
-#         MPI datatype, MPI.IN_PLACE, finish?, result up to 4 KiB?)
+# key -> (process set, its communicator then, signature, hash, op, prescale, postscale, one call possible?,
+#         MPI op, MPI datatype, MPI.IN_PLACE, finish?, result up to 4 KiB?, bytes)
 _SEEN: dict[tuple, tuple] = {}
 
 
@@ -59,26 +60,27 @@ def remember(k: tuple, ps: ProcessSet, arr: np.ndarray, sig: Signature, rop: Red
     """Keep a checked call's values (after its checks passed, before its agreement)."""
     if len(_SEEN) >= _LIMIT:
         _SEEN.clear()
-    one_call = (arr.nbytes <= mpi_ops._ONE_CALL_BYTES and pre == 1.0 and not mpi_ops.needs_upcast(arr.dtype)
-                and rop.__class__ is ReduceOp and rop.value != "Adasum")
+    one_call = (pre == 1.0 and not mpi_ops.needs_upcast(arr.dtype) and rop.__class__ is ReduceOp
+                and rop.value != "Adasum")
     mpi_ops._load()
     mpi = mpi_ops.MPI
     _SEEN[k] = (ps, ps.comm, sig, sig_hash(sig), rop, pre, post, one_call,
                 mpi_ops._mpi_op(rop, arr.dtype) if one_call else None, mpi_ops._DATATYPES.get(arr.dtype),
-                mpi.IN_PLACE, rop is Average or post != 1.0, arr.nbytes <= mpi_ops._SMALL_BYTES)
+                mpi.IN_PLACE, rop is Average or post != 1.0, arr.nbytes <= mpi_ops._SMALL_BYTES, arr.nbytes)
 
 
 def run(entry: tuple, send: np.ndarray, out: np.ndarray | None) -> np.ndarray:
     """Agree, then reduce ``send`` into ``out`` (the same array for in place; None: a new result)."""
-    ps, comm, sig, h, rop, pre, post, one_call, mop, dt, in_place, finish, tiny = entry
+    ps, comm, sig, h, rop, pre, post, one_call, mop, dt, in_place, finish, tiny, nbytes = entry
     if out is None:  # mpi_ops.result_buffer's choice, made once: a plain np.empty up to 4 KiB
         out = np.empty(send.shape, send.dtype) if tiny else mpi_ops.result_buffer(send.shape, send.dtype)
     if watchdog.enabled():
         agree(comm, sig, ranks=ps.ranks, h=h)
     else:
         agree_quiet(comm, sig, h, ps.ranks)
-    if one_call and not watchdog.enabled() and not mpi_ops._hier_on("HORO_HIERARCHICAL_ALLREDUCE"):
-        # The one-call branch of mpi_ops.allreduce_into, without its per-call dispatch.
+    if (one_call and (nbytes <= mpi_ops._ONE_CALL_BYTES or nbytes <= 8 * config["HORO_CHUNK_BYTES"])
+            and not watchdog.enabled() and not mpi_ops._hier_on("HORO_HIERARCHICAL_ALLREDUCE")):
+        # What mpi_ops.allreduce_into does for an array it reduces in one MPI call, without its dispatch.
         if send is out:
             comm.Allreduce(in_place, [out, dt], op=mop)
         else:
