@@ -67,7 +67,7 @@ def _allreduce(tensor: Any, average: bool | None, name: str | None, op: Any, pre
     arr = host(tensor, what)
     rop, pre, post = reduce_args(arr, op, average, prescale_factor, postscale_factor, what)
     sig = allreduce_sig(arr, name_arg(name, what), rop, pre, post)
-    if arr is tensor and arr.flags.c_contiguous:
+    if tensor.__class__ is np.ndarray and arr.flags.c_contiguous:  # what the fast path can look up
         repeat.remember(repeat.key(False, arr, average, name, op, prescale_factor, postscale_factor, process_set),
                         ps, arr, sig, rop, pre, post)
     agree(ps.comm, sig, ranks=ps.ranks)
@@ -102,7 +102,7 @@ def _allreduce_(tensor: np.ndarray, average: bool | None, name: str | None, op: 
     arr = _writable(tensor, what)
     rop, pre, post = reduce_args(arr, op, average, prescale_factor, postscale_factor, what)
     sig = allreduce_sig(arr, name_arg(name, what), rop, pre, post)
-    if arr is tensor and arr.flags.c_contiguous:
+    if tensor.__class__ is np.ndarray and arr.flags.c_contiguous:  # what the fast path can look up
         repeat.remember(repeat.key(True, arr, average, name, op, prescale_factor, postscale_factor, process_set),
                         ps, arr, sig, rop, pre, post)
     agree(ps.comm, sig, ranks=ps.ranks)

@@ -50,7 +50,7 @@ def lookup(k: tuple) -> tuple | None:
     ps = entry[0]
     if (not state.initialized or state.failed is not None or ps.comm is not entry[1]
             or state.process_sets.get(ps.process_set_id) is not ps):
-        del _SEEN[k]
+        _SEEN.pop(k, None)  # another thread may have dropped it already
         return None
     return entry
 
