@@ -329,6 +329,16 @@ def test_a_short_engine_tick_does_not_stall_across_hosts(bed, tmp_path):
     assert len({r["digest"] for r in records}) == 1 and all(r["steps"] == 20 for r in records)
 
 
+def test_a_synchronous_call_beside_pending_async_work_does_not_stall_across_hosts(bed):
+    # Even ranks enter a synchronous 1 MiB allreduce with named async allreduces pending, so their engines
+    # poll while the caller is in the synchronous call's data phase. Before the engine counted that as a
+    # caller blocked in MPI, this stalled in 3 runs of 3 at 100 steps (2 of 3 at 40); every sum is checked.
+    rc, out, _ = hororun(bed, ["-np", "4", "-H", "node1:2,node2:2", *job("job_sync_beside_async.py"), "100"],
+                         timeout=90)
+    assert rc == 0, out[-6000:]
+    assert len(re.findall(r"rank \d: done 100 steps", out)) == 4, out[-6000:]
+
+
 @pytest.mark.slow  # two jobs of 110 engine steps on 4 ranks across the bed, ~1 minute (make test-slow)
 def test_autotune_tunes_the_hierarchical_paths_across_hosts(bed, tmp_path):
     # 2 hosts x 2 ranks: the hierarchical allreduce/allgather are on/off knobs here (on one host they are

@@ -94,8 +94,11 @@ class Engine:
         self.capacity = config.int("HORO_CACHE_CAPACITY")
         self.threshold = config.int("HORO_FUSION_THRESHOLD")
         local = comm.Split_type(MPI.COMM_TYPE_SHARED, key=self.me)
-        self.min_tick_s = _MIN_TICK_ACROSS_HOSTS_S if local.Get_size() < self.n else 1e-4
+        self.spans_hosts = local.Get_size() < self.n
+        self.min_tick_s = _MIN_TICK_ACROSS_HOSTS_S if self.spans_hosts else 1e-4
         local.Free()
+        if self.spans_hosts:
+            watchdog.count_mpi_calls()
         self.idle_s = max(config["HORO_CYCLE_TIME"] / 1000.0, self.min_tick_s)
         self.chunk = config.int("HORO_CHUNK_BYTES")
         self.cache_on = self.capacity > 0
@@ -272,8 +275,11 @@ class Engine:
             delay = min(delay * 2, cap)
 
     def _caller_in_mpi(self) -> bool:
-        """True while a caller thread of this rank blocks in MPI: in ``join()`` or in an agreement."""
-        return self.joined or BLOCKED.comm is not None
+        """True while a caller thread of this rank blocks in MPI: in ``join()`` or in an agreement, or,
+        across hosts, in any guarded MPI call of another thread (a synchronous collective's data phase, or
+        another set's engine executing): on the bed, 2 of 3 runs of tests/multihost/job_sync_beside_async.py
+        stalled while this engine polled fast beside such a data phase."""
+        return self.joined or BLOCKED.comm is not None or (self.spans_hosts and watchdog.in_mpi())
 
     def _round(self) -> bool:
         with self.cv:

@@ -81,10 +81,15 @@ def run(entry: tuple, send: np.ndarray, out: np.ndarray | None) -> np.ndarray:
     if (one_call and (nbytes <= mpi_ops._ONE_CALL_BYTES or nbytes <= 8 * config["HORO_CHUNK_BYTES"])
             and not watchdog.enabled() and not mpi_ops._hier_on("HORO_HIERARCHICAL_ALLREDUCE")):
         # What mpi_ops.allreduce_into does for an array it reduces in one MPI call, without its dispatch.
-        if send is out:
-            comm.Allreduce(in_place, [out, dt], op=mop)
-        else:
-            comm.Allreduce([send, dt], [out, dt], op=mop)
+        mark = watchdog.enter_mpi()  # as its guard would: across hosts the engine polls slowly beside it
+        try:
+            if send is out:
+                comm.Allreduce(in_place, [out, dt], op=mop)
+            else:
+                comm.Allreduce([send, dt], [out, dt], op=mop)
+        finally:
+            if mark is not None:
+                watchdog.leave_mpi(mark)
         if finish:
             finish_reduction(np, out, rop, comm.Get_size(), post)
         return out

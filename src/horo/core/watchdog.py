@@ -25,10 +25,16 @@ from typing import Any, TypeVar
 
 from .config import config
 
-__all__ = ["EXIT_CODE", "blocking", "enabled", "guarded", "progress"]
+__all__ = ["EXIT_CODE", "blocking", "enabled", "guarded", "progress", "in_mpi", "enter_mpi", "leave_mpi",
+           "count_mpi_calls"]
 
 EXIT_CODE = 1
 _ACTIVE: dict[int, tuple[str, float]] = {}  # thread id -> (what it waits in, since when)
+# Thread id -> depth of the guarded MPI calls it is inside, whether or not a stall limit is set. The engine
+# polls slowly across hosts while any other thread blocks in MPI (engine.Engine._wait). Kept only once an
+# engine spans hosts (``count_mpi_calls``): on one host nothing reads it, and a small call saves ~1 µs.
+_IN_MPI: dict[int, int] = {}
+_COUNTING = [False]
 _LOCK = threading.Lock()
 _THREAD: list[threading.Thread] = []
 
@@ -68,17 +74,51 @@ def progress() -> None:
         _ACTIVE[threading.get_ident()] = (entry[0], time.monotonic())
 
 
+def in_mpi() -> bool:
+    """Whether some thread of this process is inside a guarded MPI call (or between enter/leave_mpi)."""
+    return bool(_IN_MPI)
+
+
+def count_mpi_calls() -> None:
+    """From now on keep ``_IN_MPI`` (an engine whose set spans hosts reads it)."""
+    _COUNTING[0] = True
+
+
+def enter_mpi() -> tuple[int, int] | None:
+    """Count the calling thread as inside MPI; hand the result to :func:`leave_mpi`."""
+    if not _COUNTING[0]:
+        return None
+    tid = threading.get_ident()
+    depth = _IN_MPI.get(tid, 0)
+    _IN_MPI[tid] = depth + 1
+    return tid, depth
+
+
+def leave_mpi(mark: tuple[int, int] | None) -> None:
+    if mark is None:
+        return
+    tid, depth = mark
+    if depth:
+        _IN_MPI[tid] = depth
+    else:
+        _IN_MPI.pop(tid, None)
+
+
 def guarded(what: str) -> Callable[[F], F]:
-    """Decorator form of :func:`blocking`."""
+    """Decorator form of :func:`blocking`; also counts the thread as inside MPI (see ``_IN_MPI``)."""
 
     def deco(fn: F) -> F:
         @wraps(fn)
         def inner(*args: Any, **kwargs: Any) -> Any:
-            # Off by default: a context manager per call would cost ~3 µs on every small collective.
-            if not enabled():
-                return fn(*args, **kwargs)
-            with blocking(what):
-                return fn(*args, **kwargs)
+            mark = enter_mpi()
+            try:
+                # Off by default: a context manager per call would cost ~3 µs on every small collective.
+                if not enabled():
+                    return fn(*args, **kwargs)
+                with blocking(what):
+                    return fn(*args, **kwargs)
+            finally:
+                leave_mpi(mark)
 
         return inner  # type: ignore[return-value]
 
