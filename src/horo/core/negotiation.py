@@ -90,6 +90,15 @@ def exchange(comm: Any, sig: Signature, payload: int = 0,
     """
     if h is None:
         h = _hash(sig)
+    values = _allgather_hash(comm, h, payload)
+    payloads = values[1::2]
+    if values[0::2].count(h) == len(payloads):
+        return payloads, None
+    return payloads, comm.allgather(sig)
+
+
+def _allgather_hash(comm: Any, h: int, payload: int) -> list[int]:
+    """Every rank's (hash, payload), flattened: the one MPI call of an agreement."""
     _, send, recv, send_spec, recv_spec = _buffers(comm)
     send[0] = h
     send[1] = payload
@@ -99,29 +108,16 @@ def exchange(comm: Any, sig: Signature, payload: int = 0,
         comm.Allgather(send_spec, recv_spec)
     finally:
         BLOCKED.comm = None
-    values = recv.tolist()
-    payloads = values[1::2]
-    if values[0::2].count(h) == len(payloads):
-        return payloads, None
-    return payloads, comm.allgather(sig)
+    return recv.tolist()
 
 
 def agree_quiet(comm: Any, sig: Signature, h: int, ranks: list[int] | None) -> None:
     """:func:`agree` without a payload, for a signature whose hash is known, while the watchdog is off.
 
-    The same exchange as :func:`exchange` (one Allgather of the hash, the signatures only on disagreement),
-    less its per-call dispatch: the synchronous allreduce's repeat calls run it (see repeat.py).
+    The same exchange as :func:`exchange`, less its decorator: the synchronous allreduce's repeat calls run
+    it (see repeat.py).
     """
-    _, send, recv, send_spec, recv_spec = _buffers(comm)
-    send[0] = h
-    send[1] = 0
-    BLOCKED.seq += 1
-    BLOCKED.comm = comm
-    try:
-        comm.Allgather(send_spec, recv_spec)
-    finally:
-        BLOCKED.comm = None
-    hashes = recv.tolist()[0::2]
+    hashes = _allgather_hash(comm, h, 0)[0::2]
     if hashes.count(h) != len(hashes):
         _disagree(comm.allgather(sig), ranks)
 

@@ -18,7 +18,7 @@ import numpy as np
 from . import mpi_ops, watchdog
 from .config import config
 from .negotiation import Signature, agree, agree_quiet, sig_hash
-from .ops import Average, ReduceOp
+from .ops import Adasum, Average, ReduceOp
 from .process_sets import ProcessSet
 from .scaling import finish_reduction
 from .state import state
@@ -60,8 +60,7 @@ def remember(k: tuple, ps: ProcessSet, arr: np.ndarray, sig: Signature, rop: Red
     """Keep a checked call's values (after its checks passed, before its agreement)."""
     if len(_SEEN) >= _LIMIT:
         _SEEN.clear()
-    one_call = (pre == 1.0 and not mpi_ops.needs_upcast(arr.dtype) and rop.__class__ is ReduceOp
-                and rop.value != "Adasum")
+    one_call = pre == 1.0 and not mpi_ops.needs_upcast(arr.dtype) and rop is not Adasum
     mpi_ops._load()
     mpi = mpi_ops.MPI
     _SEEN[k] = (ps, ps.comm, sig, sig_hash(sig), rop, pre, post, one_call,
