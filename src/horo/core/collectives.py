@@ -18,7 +18,7 @@ from .checks import host, name_arg, need_dim, reduce_args, root_arg, splits_arg
 from .config import config
 from .device import gpu_twin
 from .errors import MismatchError
-from .fault import guard, raise_failure
+from .fault import guard
 from .negotiation import JOIN, Signature, agree, exchange, format_mismatch, joinable
 from .ops import Average, ReduceOp, Sum
 from .process_sets import ProcessSet, resolve
@@ -47,14 +47,10 @@ def allreduce(tensor: Any, average: bool | None = None, name: str | None = None,
               process_set: ProcessSet | None = None) -> np.ndarray:
     """Reduce ``tensor`` over all ranks of the set; returns a new array (the input is not modified)."""
     if tensor.__class__ is np.ndarray and tensor.flags.c_contiguous:
-        entry = repeat.lookup(repeat.key(False, tensor, average, name, op, prescale_factor, postscale_factor,
-                                         process_set))
-        if entry is not None:  # see repeat.py; outside the decorators below, which cost ~1 µs per call
-            try:
-                return repeat.run(entry, tensor, None)
-            except Exception as exc:
-                raise_failure(exc, "horo.allreduce")
-                raise
+        # See repeat.py; ahead of the decorators of the checked path, which cost ~1 µs per call.
+        out = repeat.call(False, tensor, average, name, op, prescale_factor, postscale_factor, process_set)
+        if out is not None:
+            return out
     return _allreduce(tensor, average, name, op, prescale_factor, postscale_factor, process_set)
 
 
@@ -82,14 +78,9 @@ def allreduce_(tensor: np.ndarray, average: bool | None = None, name: str | None
     if tensor.__class__ is np.ndarray:
         flags = tensor.flags
         if flags.c_contiguous and flags.writeable:
-            entry = repeat.lookup(repeat.key(True, tensor, average, name, op, prescale_factor, postscale_factor,
-                                             process_set))
-            if entry is not None:
-                try:
-                    return repeat.run(entry, tensor, tensor)
-                except Exception as exc:
-                    raise_failure(exc, "horo.allreduce_")
-                    raise
+            out = repeat.call(True, tensor, average, name, op, prescale_factor, postscale_factor, process_set)
+            if out is not None:
+                return out
     return _allreduce_(tensor, average, name, op, prescale_factor, postscale_factor, process_set)
 
 

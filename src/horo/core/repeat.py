@@ -17,13 +17,14 @@ import numpy as np
 
 from . import mpi_ops, watchdog
 from .config import config
+from .fault import raise_failure
 from .negotiation import Signature, agree, agree_quiet, sig_hash
 from .ops import Adasum, Average, ReduceOp
 from .process_sets import ProcessSet
 from .scaling import finish_reduction
 from .state import state
 
-__all__ = ["key", "lookup", "remember", "run"]
+__all__ = ["call", "key", "lookup", "remember", "run"]
 
 _LIMIT = 4096  # entries; unbounded unique names or shapes must not grow memory
 
@@ -40,6 +41,20 @@ def key(inplace: bool, arr: np.ndarray, average: Any, name: Any, op: Any, pre: A
     # Types go in too: True == 1 == 1.0 as dict keys, but not as arguments (a bool scale factor is refused).
     return (inplace, arr.dtype, arr.shape, op, op.__class__, average, average.__class__, pre, pre.__class__,
             post, post.__class__, name, name.__class__, process_set.__class__, id(process_set))
+
+
+def call(inplace: bool, arr: np.ndarray, average: Any, name: Any, op: Any, pre: Any, post: Any,
+         process_set: Any) -> np.ndarray | None:
+    """Run the call as a repeat of a remembered one; None when there is none (the caller checks, and
+    ``arr`` must be a C-contiguous numpy array, writeable for in place)."""
+    entry = lookup(key(inplace, arr, average, name, op, pre, post, process_set))
+    if entry is None:
+        return None
+    try:
+        return run(entry, arr, arr if inplace else None)
+    except Exception as exc:  # outside the collectives' guard decorator: translate as it would
+        raise_failure(exc, "horo.allreduce_" if inplace else "horo.allreduce")
+        raise
 
 
 def lookup(k: tuple) -> tuple | None:
