@@ -69,7 +69,8 @@ def main() -> None:
     parser.add_argument("--devices", type=int, default=2, help="ranks to start when run outside MPI")
     parser.add_argument("--epochs", type=int, default=2)
     parser.add_argument("--batch-size", type=int, default=16, help="per rank")
-    parser.add_argument("--precision", default="32-true", help="32-true or bf16-mixed on CPU")
+    parser.add_argument("--accelerator", default="cpu", choices=["cpu", "gpu"], help="gpu: one CUDA GPU per rank")
+    parser.add_argument("--precision", default="32-true", help="32-true or bf16-mixed on CPU; also 16-mixed on GPU")
     parser.add_argument("--root-dir", default=os.path.join(tempfile.gettempdir(), "horo-lightning-fit"))
     args = parser.parse_args()
 
@@ -81,7 +82,7 @@ def main() -> None:
         return DataLoader(ds, batch_size=args.batch_size, shuffle=shuffle)
 
     trainer = pl.Trainer(
-        strategy="horo", accelerator="cpu", devices=args.devices, precision=args.precision,
+        strategy="horo", accelerator=args.accelerator, devices=args.devices, precision=args.precision,
         max_epochs=args.epochs, default_root_dir=args.root_dir, logger=False, enable_model_summary=False,
         callbacks=[ModelCheckpoint(dirpath=os.path.join(args.root_dir, "checkpoints"), monitor="val_loss",
                                    enable_version_counter=False),

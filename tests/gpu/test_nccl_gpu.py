@@ -116,3 +116,46 @@ def test_gpu_bench_runs() -> None:
     code = "import sys; from horo.bench import gpu; sys.exit(gpu.main(['--sizes', '4KiB,1MiB', '--repeats', '3']))"
     out = launch(1, "-c", code)
     assert "busbw" in out and "raw" in out and "horo" in out and "staged" in out, out[-8000:]
+
+
+@needs_nccl
+@pytest.mark.skipif(not _torch_cuda(), reason="needs a CUDA build of torch")
+def test_torch_facade_on_nccl_makes_no_host_copy() -> None:
+    out = launch(1, str(Path(__file__).with_name("torch_checks.py")), "nccl")
+    assert "TORCH GPU CHECKS OK" in out, out[-8000:]
+
+
+@pytest.mark.skipif(not _torch_cuda(), reason="needs a CUDA build of torch")
+def test_torch_facade_two_ranks_on_one_gpu_stage_through_host() -> None:
+    out = launch(2, str(Path(__file__).with_name("torch_checks.py")), "staged", env={"CUDA_VISIBLE_DEVICES": "0"})
+    assert "TORCH GPU CHECKS OK" in out, out[-8000:]
+
+
+@needs_nccl
+@pytest.mark.skipif(not _torch_cuda(), reason="needs a CUDA build of torch")
+@pytest.mark.parametrize("precision", ["32-true", "16-mixed"])
+def test_lightning_example_on_gpu(precision: str, tmp_path: Path) -> None:
+    out = launch(1, str(ROOT / "examples" / "lightning_fit.py"), "--accelerator", "gpu", "--precision", precision,
+                 "--devices", "1", "--root-dir", str(tmp_path))
+    assert "weights checksum" in out and "test_acc" in out, out[-8000:]
+
+
+def _keras_torch() -> bool:
+    import importlib.util
+
+    return _torch_cuda() and importlib.util.find_spec("keras") is not None
+
+
+@needs_nccl
+@pytest.mark.skipif(not _keras_torch(), reason="needs keras and a CUDA build of torch")
+def test_keras_torch_backend_on_nccl_makes_no_host_copy() -> None:
+    out = launch(1, str(Path(__file__).with_name("keras_checks.py")))
+    assert "KERAS GPU CHECKS OK" in out, out[-8000:]
+
+
+@needs_nccl
+@pytest.mark.skipif(not _keras_torch(), reason="needs keras and a CUDA build of torch")
+def test_keras_example_on_gpu(tmp_path: Path) -> None:
+    out = launch(1, str(ROOT / "examples" / "keras_fit.py"), "--epochs", "2", "--samples", "2048",
+                 env={"KERAS_BACKEND": "torch"})
+    assert "best checkpoint reloaded with a distributed SGD" in out, out[-8000:]

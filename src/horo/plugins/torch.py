@@ -1,8 +1,9 @@
 """torch.Tensor <-> numpy adaptation for horo's core.
 
 ``stage`` is the one place where a tensor's device is dispatched: CPU tensors are handed to the core as
-zero-copy numpy views (bfloat16 through an int16 view, as numpy has no bfloat16 of its own); tensors on any
-other device are staged through host memory for now (a GPU backend will plug in here).
+zero-copy numpy views (bfloat16 through an int16 view, as numpy has no bfloat16 of its own); CUDA tensors are
+handed to the core as they are, which routes them to its GPU backend (NCCL on the tensor's own stream, or the
+core's host staging where NCCL cannot run); tensors on other devices (MPS, XLA) are staged through host memory.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ except ImportError as exc:  # pragma: no cover - depends on the installed extras
         "for Lightning too)."
     ) from exc
 
+from ..core import device as core_device
 from ..core.dtypes import BFLOAT16
 from ..core.errors import HoroTypeError
 
@@ -77,7 +79,8 @@ def to_tensor(array: np.ndarray, device: torch.device | None = None) -> torch.Te
 
 
 class Staged:
-    """A tensor as the core sees it: ``array`` is a C-contiguous host array with the tensor's values.
+    """A tensor as the core sees it: ``array`` is a C-contiguous host array with the tensor's values, or, for a
+    CUDA tensor, a C-contiguous CUDA tensor (the tensor itself where it already is contiguous).
 
     ``commit()`` makes the tensor hold ``array``'s (new) values after an in-place collective; ``wrap(result)``
     turns an out-of-place result into a tensor on the caller's device. Both keep the tensor alive until then.
@@ -90,11 +93,14 @@ class Staged:
 
     def commit(self) -> torch.Tensor:
         if self.copied:
+            src = self.array if isinstance(self.array, torch.Tensor) else to_tensor(self.array)
             with torch.no_grad():
-                self.tensor.copy_(to_tensor(self.array))
+                self.tensor.copy_(src)
         return self.tensor
 
-    def wrap(self, result: np.ndarray) -> torch.Tensor:
+    def wrap(self, result: Any) -> torch.Tensor:
+        if isinstance(result, torch.Tensor):  # the core's GPU path returns tensors of the input's type
+            return result
         return to_tensor(result, self.tensor.device)
 
 
@@ -107,9 +113,12 @@ def stage(tensor: torch.Tensor, what: str, arg: str = "tensor") -> Staged:
         if t.is_contiguous():
             return Staged(tensor, _as_numpy(t), copied=False)
         return Staged(tensor, _as_numpy(t.contiguous()), copied=True)
+    if core_device.is_device_array(t):
+        t = t.resolve_conj().resolve_neg()
+        return Staged(tensor, t, copied=False) if t.is_contiguous() else Staged(tensor, t.contiguous(), copied=True)
     if not _host_staging_logged:
         _host_staging_logged = True
         log.warning("horo: %s tensors are staged through host memory for the MPI transport "
-                    "(a GPU backend is not in use).", t.device.type)
+                    "(horo's GPU backend takes CUDA tensors only).", t.device.type)
     host = t.to("cpu").contiguous()
     return Staged(tensor, _as_numpy(host), copied=True)

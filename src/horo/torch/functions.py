@@ -113,7 +113,9 @@ class _Allgather(torch.autograd.Function):
         total = core.allreduce(g.array, op=Sum, process_set=ps)
         rows = core.allgather(np.array([ctx.rows], dtype=np.int64), process_set=ps)  # type: ignore[attr-defined]
         start = int(rows[:_set(ps).rank()].sum())
-        return g.wrap(np.ascontiguousarray(total[start:start + ctx.rows])), None, None  # type: ignore[attr-defined]
+        mine = total[start:start + ctx.rows]  # type: ignore[attr-defined]
+        mine = mine.contiguous() if isinstance(mine, torch.Tensor) else np.ascontiguousarray(mine)
+        return g.wrap(mine), None, None
 
 
 def allgather(tensor: torch.Tensor, name: str | None = None,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import zlib
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -52,28 +53,58 @@ def broadcast_parameters(params: Any, root_rank: int, process_set: ProcessSet | 
     """
     what = "horo.torch.broadcast_parameters"
     named = _named_tensors(params, what)
-    staged = [stage(t, what, name) for name, t in named]
-    results = broadcast_arrays([s.array for s in staged], root_rank, name=what, process_set=process_set)
+    results = _broadcast_tensors([t for _, t in named], root_rank, what, process_set, [n for n, _ in named])
     if core.rank() == root_rank:
         return
     with torch.no_grad():
         for (_, t), res in zip(named, results):
-            t.copy_(to_tensor(res))
+            t.copy_(res)
+
+
+def _broadcast_tensors(tensors: list[torch.Tensor], root_rank: int, what: str, process_set: ProcessSet | None,
+                       names: list[str] | None = None) -> list[torch.Tensor]:
+    """Root's values of ``tensors``, in order: host tensors in one collective, CUDA tensors in another.
+
+    CUDA tensors are packed into one byte buffer on their GPU, so they reach the core's GPU path with no
+    host copy. Both collectives are made on every rank (an empty one is skipped by all alike, since the
+    split by device is part of what every rank must agree on: a rank whose split differs gets a
+    MismatchError from the agreement of the other collective's signature).
+    """
+    staged = [stage(t, what, names[i] if names else "tensor") for i, t in enumerate(tensors)]
+    on_gpu = [i for i, s in enumerate(staged) if isinstance(s.array, torch.Tensor)]
+    on_host = [i for i, s in enumerate(staged) if not isinstance(s.array, torch.Tensor)]
+    out: list[Any] = [None] * len(tensors)
+    if on_host or not on_gpu:
+        host = broadcast_arrays([staged[i].array for i in on_host], root_rank, name=what, process_set=process_set)
+        for i, res in zip(on_host, host):
+            out[i] = to_tensor(res)
+    if on_gpu:
+        views = [staged[i].array.reshape(-1).view(torch.uint8) for i in on_gpu]
+        buf = torch.cat(views)
+        layout = ";".join(f"{staged[i].array.dtype}{tuple(staged[i].array.shape)}" for i in on_gpu)
+        core.broadcast_(buf, root_rank, name=f"{what}[cuda {len(on_gpu)} tensors, layout "
+                        f"{zlib.crc32(layout.encode()):08x}]", process_set=process_set)
+        off = 0
+        for i, v in zip(on_gpu, views):
+            a = staged[i].array
+            out[i] = buf[off:off + v.numel()].view(a.dtype).reshape(a.shape)
+            off += v.numel()
+    return out
 
 
 class _Slot:
     """Where a tensor sat in a state_dict: replaced by its shape and dtype for the broadcast of the layout."""
 
-    __slots__ = ("dtype", "index", "shape")
+    __slots__ = ("device", "dtype", "index", "shape")
 
-    def __init__(self, index: int, shape: tuple[int, ...], dtype: torch.dtype) -> None:
-        self.index, self.shape, self.dtype = index, shape, dtype
+    def __init__(self, index: int, shape: tuple[int, ...], dtype: torch.dtype, device: str = "cpu") -> None:
+        self.index, self.shape, self.dtype, self.device = index, shape, dtype, device
 
 
 def _strip(obj: Any, tensors: list[torch.Tensor]) -> Any:
     if isinstance(obj, torch.Tensor):
         tensors.append(obj)
-        return _Slot(len(tensors) - 1, tuple(obj.shape), obj.dtype)
+        return _Slot(len(tensors) - 1, tuple(obj.shape), obj.dtype, obj.device.type)
     if isinstance(obj, dict):
         return {k: _strip(v, tensors) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
@@ -115,11 +146,18 @@ def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int, 
     else:
         slots: list[_Slot] = []
         _collect(layout, slots)
-        tensors = [torch.empty(s.shape, dtype=s.dtype) for s in sorted(slots, key=lambda s: s.index)]
-    staged = [stage(t, what) for t in tensors]
-    results = broadcast_arrays([s.array for s in staged], root_rank, name=what, process_set=process_set)
+        tensors = [torch.empty(s.shape, dtype=s.dtype, device=_local(s.device))
+                   for s in sorted(slots, key=lambda s: s.index)]
+    results = _broadcast_tensors(tensors, root_rank, what, process_set)
     if not is_root:
-        optimizer.load_state_dict(_fill(layout, [to_tensor(r) for r in results]))
+        optimizer.load_state_dict(_fill(layout, results))
+
+
+def _local(device_type: str) -> torch.device:
+    """This rank's device of the root's type: its current GPU for the root's CUDA state."""
+    if device_type == "cuda" and torch.cuda.is_available():
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
 
 
 def _collect(obj: Any, out: list[_Slot]) -> None:

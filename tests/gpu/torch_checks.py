@@ -1,0 +1,167 @@
+"""horo.torch on CUDA tensors, run inside MPI ranks by tests/gpu/test_nccl_gpu.py (not collected by pytest).
+
+    mpiexec -n N python tests/gpu/torch_checks.py {nccl|staged}
+
+Every horo.torch op, ``DistributedOptimizer`` and the broadcasts run on CUDA tensors and are compared with the
+same calls on CPU copies. With NCCL (EXPECTED_MODE ``nccl``) the GPU calls must make no host<->device copy:
+CUPTI's memcpy records (through ``torch.profiler``) are counted over them, and two control blocks show the
+counter does see a torch and a CuPy copy. Prints ``TORCH GPU CHECKS OK`` on rank 0, or the failures.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+
+def host_copies(fn: Callable[[], Any]) -> tuple[Any, dict[str, int]]:
+    """``fn()``'s result and the host<->device memcpys the CUDA driver recorded while it ran."""
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        out = fn()
+        torch.cuda.synchronize()
+    counts = {"HtoD": 0, "DtoH": 0}
+    for e in prof.events():
+        for k in counts:
+            if e.name.startswith("Memcpy") and k in e.name:
+                counts[k] += 1
+    return out, counts
+
+
+def main(argv: list[str]) -> int:
+    expect = argv[0]
+    import horo.torch as hvd
+    from horo.core import nccl
+    from horo.core.process_sets import global_process_set
+
+    hvd.init()
+    n, me = hvd.size(), hvd.rank()
+    dev = torch.device("cuda", hvd.local_rank() % torch.cuda.device_count())
+    torch.cuda.set_device(dev)
+    fails: list[str] = []
+    dtypes = [torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.int32, torch.int64, torch.uint8,
+              torch.bool]
+
+    def data(dt: torch.dtype, rows: int = 2 * n) -> torch.Tensor:
+        g = torch.Generator().manual_seed(11 + me)
+        if dt == torch.bool:
+            return torch.randint(0, 2, (rows, 3), generator=g).bool()
+        return torch.randint(0, 5, (rows, 3), generator=g).to(dt)
+
+    def ops(x: torch.Tensor) -> dict[str, Any]:
+        """One call of each op; keyed results (tensors, or lists of them)."""
+        r: dict[str, Any] = {}
+        tag = f"{x.device.type}.{x.dtype}"
+        r["allreduce"] = hvd.allreduce(x, op=hvd.Sum, name=f"ar.{tag}")
+        if x.dtype.is_floating_point:
+            r["average"] = hvd.allreduce(x, name=f"avg.{tag}")
+            r["prescaled"] = hvd.allreduce(x, op=hvd.Sum, prescale_factor=0.5, name=f"pre.{tag}")
+        if x.dtype != torch.bool:
+            r["max"] = hvd.allreduce(x, op=hvd.Max, name=f"max.{tag}")
+        y = x.clone()
+        r["allreduce_ returns its input"] = torch.tensor(hvd.allreduce_(y, op=hvd.Sum, name=f"ar_.{tag}") is y)
+        r["allreduce_"] = y
+        r["async"] = hvd.synchronize(hvd.allreduce_async(x, op=hvd.Sum, name=f"as.{tag}"))
+        z = x.clone()
+        hvd.synchronize(hvd.allreduce_async_(z, op=hvd.Sum, name=f"as_.{tag}"))
+        r["async_"] = z
+        r["grouped"] = hvd.grouped_allreduce([x, x[:1].clone()], op=hvd.Sum, name=f"gr.{tag}")
+        r["allgather"] = hvd.allgather(x, name=f"ag.{tag}")
+        r["broadcast"] = hvd.broadcast(x, root_rank=0, name=f"bc.{tag}")
+        b = x.clone()
+        hvd.broadcast_(b, root_rank=n - 1, name=f"bc_.{tag}")
+        r["broadcast_"] = b
+        r["alltoall"] = hvd.alltoall(x, name=f"a2a.{tag}")[0]
+        if x.dtype != torch.bool:
+            r["reducescatter"] = hvd.reducescatter(x, op=hvd.Sum, name=f"rs.{tag}")
+        r["strided"] = hvd.allreduce(x.t(), op=hvd.Sum, name=f"st.{tag}")
+        return r
+
+    def compare(what: str, got: Any, want: Any) -> None:
+        if isinstance(want, (list, tuple)):
+            for i, (g, w) in enumerate(zip(got, want)):
+                compare(f"{what}[{i}]", g, w)
+            return
+        if not isinstance(got, torch.Tensor) or got.device != dev and got.numel() > 1:
+            fails.append(f"{what}: result is not on {dev}: {type(got).__name__} {getattr(got, 'device', '')}")
+            return
+        g = got.detach().cpu()
+        if g.dtype != want.dtype or g.shape != want.shape:
+            fails.append(f"{what}: {g.dtype}{tuple(g.shape)}, want {want.dtype}{tuple(want.shape)}")
+        elif not torch.allclose(g.double(), want.double(), rtol=1e-2, atol=1e-2):
+            fails.append(f"{what}: got {g.flatten()[:6].tolist()}, want {want.flatten()[:6].tolist()}")
+
+    # Warm-up: the backends (collective set-up) and CUDA's own lazy initialisation are not the ops' copies.
+    hvd.allreduce(torch.ones(4, device=dev), name="warm")
+    hvd.synchronize(hvd.allreduce_async(torch.ones(4, device=dev), name="warm.async"))
+    be = nccl.backend_for(global_process_set.comm, None)
+    if be.mode != expect:
+        fails.append(f"backend mode {be.mode!r} ({be.reason}), expected {expect!r}")
+
+    for dt in dtypes:
+        x = data(dt)
+        want = ops(x)
+        xg = x.to(dev)
+        got, copies = host_copies(lambda: ops(xg))  # noqa: B023 - called at once
+        for k, w in want.items():
+            compare(f"{dt} {k}", got[k], w)
+        if expect == "nccl" and any(copies.values()):
+            fails.append(f"{dt}: host copies during the GPU ops: {copies}")
+
+    # DistributedOptimizer: three steps on GPU equal three on CPU, from parameters broadcast from rank 0.
+    def train(device: torch.device) -> tuple[list[torch.Tensor], dict[str, int]]:
+        torch.manual_seed(100 + me)  # different on each rank: broadcast_parameters must make them equal
+        model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4)).to(device)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+        opt = hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters())
+        g = torch.Generator().manual_seed(7 + me)
+        batches = [(torch.randn(6, 8, generator=g).to(device), torch.randn(6, 4, generator=g).to(device))
+                   for _ in range(3)]
+
+        def steps() -> None:
+            hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+            for xb, yb in batches:
+                opt.zero_grad()
+                torch.nn.functional.mse_loss(model(xb), yb).backward()
+                opt.step()
+            hvd.broadcast_optimizer_state(opt, root_rank=0)
+
+        _, copies = host_copies(steps) if device.type == "cuda" else (None, {})
+        if device.type == "cpu":
+            steps()
+        return [p.detach().cpu() for p in model.parameters()], copies
+
+    want_p, _ = train(torch.device("cpu"))
+    got_p, copies = train(dev)
+    for i, (g, w) in enumerate(zip(got_p, want_p)):
+        if not torch.allclose(g, w, rtol=1e-4, atol=1e-5):
+            fails.append(f"DistributedOptimizer: parameter {i} differs from the CPU run by {(g - w).abs().max()}")
+    print(f"rank {me}: training on {dev}: host copies {copies}", flush=True)
+    if expect == "nccl" and any(copies.values()):
+        fails.append(f"DistributedOptimizer on {dev}: host copies {copies}")
+
+    # Controls: the counter sees a torch and a CuPy device-to-host copy.
+    import cupy
+
+    _, c1 = host_copies(lambda: torch.ones(8, device=dev).cpu())
+    _, c2 = host_copies(lambda: cupy.asnumpy(cupy.ones(8)))
+    if not c1["DtoH"] or not c2["DtoH"]:
+        fails.append(f"the copy counter missed a control copy: torch {c1}, cupy {c2}")
+
+    everyone = global_process_set.comm.allgather(fails)
+    if me == 0:
+        for r, fs in enumerate(everyone):
+            for line in fs[:30]:
+                print(f"rank {r}: {line}")
+        print("TORCH GPU CHECKS OK" if not any(everyone) else f"TORCH GPU CHECKS FAILED ({sum(map(len, everyone))})")
+    hvd.shutdown()
+    return 0 if not any(everyone) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
