@@ -1,7 +1,8 @@
 """Keras 3 ``model.fit`` with horo: Horovod's 10-step recipe, on generated data, offline.
 
 Run: hororun -np 2 python examples/keras_fit.py   (or: mpiexec -n 2 python examples/keras_fit.py)
-Works with KERAS_BACKEND=tensorflow (default) and KERAS_BACKEND=torch.
+Works with KERAS_BACKEND=tensorflow (default) and KERAS_BACKEND=torch (which needs no TensorFlow, and runs on
+one CUDA GPU per rank where torch has CUDA).
 """
 
 import argparse
@@ -18,7 +19,10 @@ if "--verbose" not in sys.argv and not os.environ.get("TF_CPP_MIN_LOG_LEVEL"):
 import horo.keras as hvd  # noqa: E402, I001
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
-import tensorflow as tf  # noqa: E402  (tf.data input pipeline, as in the recipe)
+
+ON_TF = keras.backend.backend() == "tensorflow"
+if ON_TF:
+    import tensorflow as tf  # (tf.data input pipeline, as in the recipe)
 
 parser = argparse.ArgumentParser(description="Keras fit with horo",
                                  formatter_class=argparse.ArgumentDefaultsHelpFormatter)
@@ -34,11 +38,17 @@ args = parser.parse_args()
 hvd.init()
 
 # Step 2: pin one GPU per process (a no-op on CPU-only machines).
-gpus = tf.config.list_physical_devices("GPU")
-for gpu in gpus:
-    tf.config.experimental.set_memory_growth(gpu, True)
-if gpus:
-    tf.config.experimental.set_visible_devices(gpus[hvd.local_rank()], "GPU")
+if ON_TF:
+    gpus = tf.config.list_physical_devices("GPU")
+    for gpu in gpus:
+        tf.config.experimental.set_memory_growth(gpu, True)
+    if gpus:
+        tf.config.experimental.set_visible_devices(gpus[hvd.local_rank()], "GPU")
+elif keras.backend.backend() == "torch":
+    import torch
+
+    if torch.cuda.is_available():
+        torch.cuda.set_device(hvd.local_rank() % torch.cuda.device_count())
 
 # Step 3: print progress on the root worker only.
 verbose = 1 if hvd.rank() == 0 else 0
@@ -52,9 +62,21 @@ x_val = rng.normal(size=(args.samples // 8, 32)).astype("float32")
 y_val = (x_val @ w_true).argmax(axis=1)
 
 # Every rank shuffles with its own seed; steps_per_epoch (step 6) keeps the total work per epoch constant.
-train_ds = (tf.data.Dataset.from_tensor_slices((x_train, y_train)).repeat()
-            .shuffle(4096, seed=hvd.rank()).batch(args.batch_size))
-val_ds = tf.data.Dataset.from_tensor_slices((x_val, y_val)).repeat().batch(args.batch_size)
+if ON_TF:
+    train_ds = (tf.data.Dataset.from_tensor_slices((x_train, y_train)).repeat()
+                .shuffle(4096, seed=hvd.rank()).batch(args.batch_size))
+    val_ds = tf.data.Dataset.from_tensor_slices((x_val, y_val)).repeat().batch(args.batch_size)
+else:  # the same endless, per-rank shuffled batches without TensorFlow
+
+    def batches(x, y, seed):
+        order_rng = np.random.default_rng(seed)
+        while True:
+            order = order_rng.permutation(len(x)) if seed is not None else np.arange(len(x))
+            for start in range(0, len(x) - args.batch_size + 1, args.batch_size):
+                take = order[start:start + args.batch_size]
+                yield x[take], y[take]
+
+    train_ds, val_ds = batches(x_train, y_train, hvd.rank()), batches(x_val, y_val, None)
 
 
 def lr_schedule(epoch):
@@ -99,7 +121,7 @@ if hvd.rank() == 0:
 steps_per_epoch = (len(x_train) // args.batch_size) // hvd.size()  # step 6
 history = model.fit(train_ds, steps_per_epoch=steps_per_epoch, epochs=args.epochs, callbacks=callbacks,
                     validation_data=val_ds, validation_steps=3 * (len(x_val) // args.batch_size) // hvd.size(),
-                    verbose=verbose)
+                    shuffle=ON_TF, verbose=verbose)  # the generator shuffles itself
 
 if hvd.rank() == 0:
     best = hvd.load_model(os.path.join(checkpoint_dir, "best.keras"))  # optimizer distributed again

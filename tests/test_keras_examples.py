@@ -19,8 +19,9 @@ pytestmark = pytest.mark.skipif(
 )
 
 
-def _hororun(script: str, *args: str, cwd: Path) -> str:
+def _hororun(script: str, *args: str, cwd: Path, **extra_env: str) -> str:
     env = dict(os.environ, OMP_NUM_THREADS="1", TF_CPP_MIN_LOG_LEVEL="3", KERAS_BACKEND="tensorflow")
+    env.update(extra_env)
     cmd = [sys.executable, "-m", "horo.run", "-np", "2", sys.executable, str(REPO / "examples" / script), *args]
     proc = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=TIMEOUT)
     out = proc.stdout + proc.stderr
@@ -32,6 +33,19 @@ def _hororun(script: str, *args: str, cwd: Path) -> str:
 @pytest.mark.timeout(TIMEOUT + 30)
 def test_keras_fit_recipe_on_two_ranks(tmp_path: Path) -> None:
     out = _hororun("keras_fit.py", "--epochs", "2", "--warmup-epochs", "1", "--samples", "2048", cwd=tmp_path)
+    assert "best checkpoint reloaded with a distributed SGD" in out, out[-6000:]
+
+
+@pytest.mark.mpi
+@pytest.mark.timeout(TIMEOUT + 30)
+@pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="needs torch (pip install 'horo[torch]')")
+def test_keras_fit_recipe_on_torch_needs_no_tensorflow(tmp_path: Path) -> None:
+    # A tensorflow module that cannot be imported stands in for a machine without TensorFlow.
+    (tmp_path / "no_tf").mkdir()
+    (tmp_path / "no_tf" / "tensorflow.py").write_text("raise ImportError('TensorFlow is not installed here')\n")
+    path = os.pathsep.join(filter(None, [str(tmp_path / "no_tf"), os.environ.get("PYTHONPATH")]))
+    out = _hororun("keras_fit.py", "--epochs", "2", "--warmup-epochs", "1", "--samples", "2048", cwd=tmp_path,
+                   KERAS_BACKEND="torch", PYTHONPATH=path)
     assert "best checkpoint reloaded with a distributed SGD" in out, out[-6000:]
 
 

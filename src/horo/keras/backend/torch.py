@@ -1,4 +1,5 @@
-"""Keras on torch: the train step runs eagerly, so gradients go to the core as zero-copy numpy views."""
+"""Keras on torch: the train step runs eagerly, so gradients go to the core as zero-copy numpy views (CPU), or
+as they are (CUDA), which routes them to the core's GPU path."""
 
 from __future__ import annotations
 
@@ -7,6 +8,8 @@ from typing import Any
 
 import numpy as np
 
+from ... import core
+from ...core.device import is_device_array
 from ...core.ops import Adasum
 from ...plugins.fused import FusedAllreduce
 from ...plugins.grad_settings import Settings
@@ -85,6 +88,13 @@ def exchange(grads: Sequence[Any], settings: Settings, fused: FusedAllreduce) ->
     if not idx:
         return grads
     wires, ctxs = zip(*(_compress(grads[i].detach(), settings.compression) for i in idx))
+    if settings.op is not Adasum and all(is_device_array(w) for w in wires):
+        outs = core.grouped_allreduce(  # CUDA gradients: one NCCL group on the GPU, no host copy
+            list(wires), op=settings.op, prescale_factor=settings.prescale_factor,
+            postscale_factor=settings.postscale_factor, process_set=settings.process_set, name=GRAD_NAME)
+        for k, i in enumerate(idx):
+            grads[i] = _decompress(outs[k], ctxs[k], settings.compression)
+        return grads
     wire_kind = getattr(settings.compression, "wire_dtype", None)
     half = [k for k, w in enumerate(wires) if wire_kind in WIRE_DTYPES and str(w.dtype) == f"torch.{wire_kind}"
             and settings.op is not Adasum]
