@@ -1,6 +1,7 @@
 """Lightning training throughput: HoroStrategy vs DDPStrategy (gloo) on the same model, data and ranks.
 
-Run: ``hororun -np 2 python -m horo.bench lightning [--steps 30 --repeats 3 ...]``.
+Run: ``hororun -np 2 python -m horo.bench lightning [--steps 30 --repeats 3 ...]``. With ``--accelerator gpu``
+each rank trains on its local GPU, and DDP uses NCCL instead of gloo.
 
 Every variant trains the same LightningModule (an MLP whose gradients are big enough for the exchange to
 matter) on generated data; variants are interleaved and repeated, and the median samples/s (slowest rank)
@@ -20,11 +21,12 @@ from typing import Any
 from horo.bench import plot
 from horo.bench._util import env_summary, limit_threads, md_table
 
-VARIANTS = ("horo", "horo (no overlap)", "ddp (gloo)")
+VARIANTS = ("horo", "horo (no overlap)", "ddp (gloo)")  # "ddp (nccl)" in place of gloo on GPU
 
 
 def _parse(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m horo.bench lightning", description=__doc__.splitlines()[0])
+    p.add_argument("--accelerator", choices=["cpu", "gpu"], default="cpu", help="gpu: one CUDA GPU per rank")
     p.add_argument("--width", type=int, default=1024, help="hidden width of the MLP")
     p.add_argument("--layers", type=int, default=4, help="hidden layers of the MLP")
     p.add_argument("--batch-size", type=int, default=32, help="samples per rank and step")
@@ -111,12 +113,15 @@ def main(argv: list[str]) -> int:
     data = TensorDataset(torch.randn(n, 256, generator=g), torch.randint(0, 10, (n,), generator=g))
     params = sum(p.numel() for p in _module(args.width, args.layers).parameters())
 
+    ddp = "ddp (nccl)" if args.accelerator == "gpu" else "ddp (gloo)"
+    variants = (*VARIANTS[:2], ddp)
+
     def fit(variant: str) -> tuple[float, float]:
         strategy: Any = {"horo": lambda: HoroStrategy(),
                          "horo (no overlap)": lambda: HoroStrategy(overlap=False),
-                         "ddp (gloo)": lambda: DDPStrategy(process_group_backend="gloo")}[variant]()
+                         ddp: lambda: DDPStrategy(process_group_backend=ddp[5:-1])}[variant]()
         clock = _Clock(args.warmup)
-        trainer = pl.Trainer(strategy=strategy, accelerator="cpu", devices=world, max_steps=total_steps,
+        trainer = pl.Trainer(strategy=strategy, accelerator=args.accelerator, devices=world, max_steps=total_steps,
                              logger=False, enable_checkpointing=False, enable_progress_bar=False,
                              enable_model_summary=False, callbacks=[clock])
         trainer.fit(_module(args.width, args.layers), DataLoader(data, batch_size=args.batch_size))
@@ -129,23 +134,23 @@ def main(argv: list[str]) -> int:
         print(f"# Lightning throughput: MLP {args.layers}x{args.width} ({params / 1e6:.1f} M parameters, "
               f"{4 * params / 2**20:.0f} MiB of fp32 gradients), batch {args.batch_size}/rank, "
               f"{args.steps} timed steps x {args.repeats} repeats\n# {env_summary(world)}", flush=True)
-    rate: dict[str, list[float]] = {v: [] for v in VARIANTS}
-    wait: dict[str, list[float]] = {v: [] for v in VARIANTS}
+    rate: dict[str, list[float]] = {v: [] for v in variants}
+    wait: dict[str, list[float]] = {v: [] for v in variants}
     for rep in range(args.repeats):
-        order = VARIANTS[rep % len(VARIANTS):] + VARIANTS[:rep % len(VARIANTS)]
+        order = variants[rep % len(variants):] + variants[:rep % len(variants)]
         for v in order:
             r, w = fit(v)
             rate[v].append(r)
             wait[v].append(w)
-    med = {v: statistics.median(rate[v]) for v in VARIANTS}
-    wmed = {v: statistics.median(wait[v]) for v in VARIANTS}
+    med = {v: statistics.median(rate[v]) for v in variants}
+    wmed = {v: statistics.median(wait[v]) for v in variants}
     hidden = 1.0 - wmed["horo"] / wmed["horo (no overlap)"] if wmed["horo (no overlap)"] > 0 else float("nan")
     if rank == 0:
         rows = []
-        for v in VARIANTS:
+        for v in variants:
             blocked = f"{1e3 * wmed[v]:.1f}" if v.startswith("horo") else "-"
             rows.append([v, f"{med[v]:.0f}", f"{min(rate[v]):.0f}-{max(rate[v]):.0f}", blocked,
-                         f"{med[v] / med['ddp (gloo)']:.2f}x"])
+                         f"{med[v] / med[ddp]:.2f}x"])
         print(md_table(["strategy", "samples/s (median)", "range", "exchange wait ms/step", "vs DDP"], rows))
         print(f"\nallreduce time hidden behind backward: {100 * hidden:.0f}% "
               f"(wait {1e3 * wmed['horo']:.1f} ms/step with overlap vs {1e3 * wmed['horo (no overlap)']:.1f} "
@@ -153,9 +158,9 @@ def main(argv: list[str]) -> int:
         if args.plot:
             plot.bars(args.plot, f"Lightning fit, {world} ranks, MLP {args.layers}x{args.width}: throughput "
                       f"(median of {args.repeats})", med, "samples per second (higher is better)",
-                      ranges={v: (min(rate[v]), max(rate[v])) for v in VARIANTS},
-                      notes={v: f"{med[v] / med['ddp (gloo)']:.2f}x DDP" for v in VARIANTS},
-                      highlight=["ddp (gloo)"], footer=env_summary(world))
+                      ranges={v: (min(rate[v]), max(rate[v])) for v in variants},
+                      notes={v: f"{med[v] / med[ddp]:.2f}x DDP" for v in variants},
+                      highlight=[ddp], footer=env_summary(world))
             print(f"plot written to {args.plot}")
     horo.barrier()
     return 0
