@@ -179,13 +179,23 @@ class ReducePlan:
     cast: str
 
 
+_PLANS: dict[tuple[np.dtype, ReduceOp, bool], ReducePlan] = {}
+
+
 def reduce_plan(dtype: np.dtype, op: ReduceOp, bf16_native: bool) -> ReducePlan:
-    """Map a logical dtype and reduce op onto an NCCL reduction.
+    """Map a logical dtype and reduce op onto an NCCL reduction (cached: every GPU reduction asks).
 
     Raises:
         TypeError: a dtype NCCL cannot reduce, even through a cast, or Average on bool.
     """
-    dtype = np.dtype(dtype)
+    key = (np.dtype(dtype), op, bf16_native)
+    plan = _PLANS.get(key)
+    if plan is None:
+        plan = _PLANS[key] = _plan(*key)
+    return plan
+
+
+def _plan(dtype: np.dtype, op: ReduceOp, bf16_native: bool) -> ReducePlan:
     if op not in _OP_NAMES:
         raise TypeError(f"NCCL cannot run this reduce op. Received: op={op!r}. HINT: use horo.Sum or horo.Average.")
     if dtype == np.bool_:
@@ -300,12 +310,17 @@ def _short(value: Any) -> str:
 
 
 # ------------------------------------------------------------------------------------------ CuPy access
+_LOADED: list[tuple[Any, Any]] = []  # (cupy, cupy.cuda.nccl) once loaded: every GPU op asks for them
+
+
 def load_cupy() -> tuple[Any, Any]:
-    """Import ``cupy`` and ``cupy.cuda.nccl``.
+    """Import ``cupy`` and ``cupy.cuda.nccl`` (cached after the first success).
 
     Raises:
         ImportError: CuPy missing, or its NCCL library not loadable (with a HINT).
     """
+    if _LOADED:  # the import below costs ~5 µs a call, mostly its catch_warnings()
+        return _LOADED[0]
     try:
         import cupy
     except ImportError as exc:
@@ -323,6 +338,7 @@ def load_cupy() -> tuple[Any, Any]:
             f"CuPy {cupy.__version__} cannot load the NCCL library. Received: cupy.cuda.nccl.available=False. "
             "HINT: pip install 'nvidia-nccl-cu12>=2.18' (CuPy's wheels do not bundle NCCL)."
         )
+    _LOADED.append((cupy, nccl))
     return cupy, nccl
 
 
