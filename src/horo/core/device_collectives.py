@@ -487,23 +487,28 @@ class _Capture:
             self.hosts = [_stage(t, reason, f"tensors[{i}]") for i, t in enumerate(self.tensors)]
         return self.hosts
 
-    @contextlib.contextmanager
-    def on_side_stream(self, be: nccl.NcclBackend, now: bool = False) -> Iterator[Any]:
+    def on_side_stream(self, be: nccl.NcclBackend, now: bool = False) -> contextlib.AbstractContextManager[Any]:
         """Run on the backend's NCCL side stream, after the submit events (``now``: after everything queued on
         the submitting streams so far), and make the submitting streams wait for the result."""
-        cp = self.cp
-        side = be.async_stream()
-        streams = {int(v.stream.ptr): v.stream for v in self.views}
-        with cp.cuda.Device(be.device):
-            for ev in ([s.record() for s in streams.values()] if now else self.ready):
-                side.wait_event(ev)
-            with side:
-                yield side
-            done = side.record()
-            for s in streams.values():
-                s.wait_event(done)
-            if any(v.external_sync for v in self.views):
-                side.synchronize()
+        return _side_stream(be, [self], now)
+
+
+@contextlib.contextmanager
+def _side_stream(be: nccl.NcclBackend, caps: Sequence[_Capture], now: bool = False) -> Iterator[Any]:
+    """``_Capture.on_side_stream`` for the captures of one or more async ops run together."""
+    side = be.async_stream()
+    views = [v for c in caps for v in c.views]
+    streams = {int(v.stream.ptr): v.stream for v in views}
+    with caps[0].cp.cuda.Device(be.device):
+        for ev in ([s.record() for s in streams.values()] if now else [e for c in caps for e in c.ready]):
+            side.wait_event(ev)
+        with side:
+            yield side
+        done = side.record()
+        for s in streams.values():
+            s.wait_event(done)
+        if any(v.external_sync for v in views):
+            side.synchronize()
 
 
 def _engine_backend(ps: ProcessSet, comm: Any, cap: _Capture) -> nccl.NcclBackend | None:
@@ -548,23 +553,71 @@ def _allreduce_async(tensor: Any, average: Any, name: Any, op: Any, prescale_fac
     cap = _Capture([tensor], what)
     out = None if inplace or not cap.views else cap.alloc(cap.views[0].array.shape, cap.views[0].array.dtype)
     cap.mark_ready()
+    run = _AsyncAllreduce(ps, tensor, cap, out, inplace, rop, pre, post)
+    # Ops of one round with the same reduction (agreed fields of the signature, so the same on every rank)
+    # run as one NCCL group; Adasum, and ops without CuPy, stay one call each.
+    key = None if rop is Adasum or not cap.views else ("cuda allreduce", rop, pre, post)
+    return submit(ps.engine, Request(name, _sig_allreduce(meta, name, rop, pre, post), run, batch_key=key,
+                                     run_batch=_run_allreduces))
 
-    def run(comm: Any) -> Any:
-        be = None if rop is Adasum else _engine_backend(ps, comm, cap)
+
+class _AsyncAllreduce:
+    """One async GPU allreduce, as the engine runs it: alone (``run(comm)``), or with others of its round
+    (``_run_allreduces``)."""
+
+    __slots__ = ("cap", "inplace", "out", "post", "pre", "ps", "rop", "tensor")
+
+    def __init__(self, ps: ProcessSet, tensor: Any, cap: _Capture, out: Any, inplace: bool, rop: ReduceOp,
+                 pre: float, post: float) -> None:
+        self.ps, self.tensor, self.cap, self.out, self.inplace = ps, tensor, cap, out, inplace
+        self.rop, self.pre, self.post = rop, pre, post
+
+    def __call__(self, comm: Any) -> Any:
+        be = None if self.rop is Adasum else _engine_backend(self.ps, comm, self.cap)
         if be is None:
-            h = cap.host_copies(_ADASUM if rop is Adasum else _reason(ps, comm))[0]
-            mpi_ops.allreduce_into(comm, h, h, rop, pre, post)
-            return device.copy_back(h, tensor) if inplace else device.to_device_like(h, tensor)
-        v = cap.views[0]
-        with cap.on_side_stream(be) as side:
-            src = _contiguous(cap.cp, v.array)
-            dst = src if inplace else out
-            nccl.allreduce_into(be, src, dst, rop, pre, post, dtype=v.dtype, stream=side)
-            if inplace and src is not v.array:
-                v.array[...] = src
-        return tensor if inplace else device.wrap_result(dst, v)
+            return self.staged(comm)
+        with self.cap.on_side_stream(be) as side:
+            src, dst = self.buffers()
+            nccl.allreduce_into(be, src, dst, self.rop, self.pre, self.post, dtype=self.cap.views[0].dtype,
+                                stream=side)
+            self.write_back(src)
+        return self.result(dst)
 
-    return submit(ps.engine, Request(name, _sig_allreduce(meta, name, rop, pre, post), run))
+    def staged(self, comm: Any) -> Any:
+        h = self.cap.host_copies(_ADASUM if self.rop is Adasum else _reason(self.ps, comm))[0]
+        mpi_ops.allreduce_into(comm, h, h, self.rop, self.pre, self.post)
+        return device.copy_back(h, self.tensor) if self.inplace else device.to_device_like(h, self.tensor)
+
+    def buffers(self) -> tuple[Any, Any]:
+        """(source, destination) on the device: the same contiguous buffer when in place."""
+        src = _contiguous(self.cap.cp, self.cap.views[0].array)
+        return src, (src if self.inplace else self.out)
+
+    def write_back(self, src: Any) -> None:
+        v = self.cap.views[0]
+        if self.inplace and src is not v.array:
+            v.array[...] = src
+
+    def result(self, dst: Any) -> Any:
+        return self.tensor if self.inplace else device.wrap_result(dst, self.cap.views[0])
+
+
+def _run_allreduces(comm: Any, reqs: Sequence[Request]) -> list[Any]:
+    """Run a round's async GPU allreduces of one reduction as one NCCL group (the engine's ``run_batch``)."""
+    ops: list[_AsyncAllreduce] = [r.run for r in reqs]  # type: ignore[misc]
+    first = ops[0]
+    be = _engine_backend(first.ps, comm, first.cap)
+    if be is None:  # staged (no NCCL, or a joined peer): one MPI call per op, as the joined ranks make
+        return [op.staged(comm) for op in ops]
+    for op in ops[1:]:
+        be.check_device(op.cap.device, "horo async collective")
+    with _side_stream(be, [op.cap for op in ops]) as side:
+        pairs = [op.buffers() for op in ops]
+        nccl.grouped_allreduce_into(be, [s for s, _ in pairs], [d for _, d in pairs], first.rop, first.pre,
+                                    first.post, dtypes=[op.cap.views[0].dtype for op in ops], stream=side)
+        for op, (src, _) in zip(ops, pairs):
+            op.write_back(src)
+    return [op.result(dst) for op, (_, dst) in zip(ops, pairs)]
 
 
 def device_grouped_allreduce_async(tensors: Sequence[Any], average: bool | None = None, name: str | None = None,

@@ -58,12 +58,16 @@ class Request:
     """One submitted collective; ``run`` executes it on the engine communicator."""
 
     __slots__ = ("name", "sig", "run", "fuse_key", "send", "out", "op", "pre", "post", "done", "result",
-                 "error", "t_submit", "handle", "engine")
+                 "error", "t_submit", "handle", "engine", "batch_key", "run_batch")
 
     def __init__(self, name: str, sig: Signature, run: Callable[[Any], Any] | None = None, *,
                  send: np.ndarray | None = None, out: np.ndarray | None = None, op: ReduceOp | None = None,
-                 pre: float = 1.0, post: float = 1.0) -> None:
+                 pre: float = 1.0, post: float = 1.0, batch_key: Any = None,
+                 run_batch: Callable[[Any, list[Request]], list[Any]] | None = None) -> None:
         self.name, self.sig, self.run = name, sig, run
+        # Requests of one round with equal ``batch_key`` (built from agreed signature fields only) run
+        # together through ``run_batch(comm, requests)``, e.g. GPU allreduces as one NCCL group.
+        self.batch_key, self.run_batch = batch_key, run_batch
         self.send, self.out, self.op, self.pre, self.post = send, out, op, pre, post
         self.fuse_key = (send.dtype, op, pre, post) if send is not None else None
         self.done = threading.Event()
@@ -496,10 +500,23 @@ class Engine:
         t_ready = timeline.now_us()
         batch: list[Request] = []
         batch_bytes = 0
+        group: list[Request] = []  # consecutive requests of one batch_key (never while a rank is joined)
         for req in reqs:
             if timeline.active:
                 late = self._late_ranks(req.name)
                 timeline.span(req.name, "NEGOTIATE", req.t_submit, t_ready, **({"late_ranks": late} if late else {}))
+            if req.batch_key is not None and not self.absent:
+                if batch:
+                    self._run_batch(batch)
+                    batch, batch_bytes = [], 0
+                if group and group[0].batch_key != req.batch_key:
+                    self._run_group(group)
+                    group = []
+                group.append(req)
+                continue
+            if group:
+                self._run_group(group)
+                group = []
             if req.fuse_key is not None and req.send.nbytes < self.threshold:
                 if batch and (batch[0].fuse_key != req.fuse_key or batch_bytes + req.send.nbytes > self.threshold):
                     self._run_batch(batch)
@@ -513,6 +530,8 @@ class Engine:
             self._run_one(req)
         if batch:
             self._run_batch(batch)
+        if group:
+            self._run_group(group)
         timeline.flush()
         if not self.tuning:
             return []
@@ -539,6 +558,25 @@ class Engine:
         if timeline.active:
             timeline.span(req.name, dict(req.sig).get("collective", "op").upper(), t0, timeline.now_us())
         req.finish(result)
+
+    def _run_group(self, group: list[Request]) -> None:
+        if len(group) == 1 or group[0].run_batch is None:
+            for req in group:
+                self._run_one(req)
+            return
+        t0 = timeline.now_us()
+        try:
+            results = group[0].run_batch(self.comm, group)
+        except (HoroError, ValueError, TypeError) as exc:
+            for req in group:
+                req.finish(error=exc)
+            return
+        if timeline.active:
+            t1 = timeline.now_us()
+            for req in group:
+                timeline.span(req.name, "ALLREDUCE", t0, t1, fused=len(group))
+        for req, result in zip(group, results):
+            req.finish(result)
 
     def _run_batch(self, batch: list[Request]) -> None:
         if len(batch) == 1:
