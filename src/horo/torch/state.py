@@ -66,9 +66,8 @@ def _broadcast_tensors(tensors: list[torch.Tensor], root_rank: int, what: str, p
     """Root's values of ``tensors``, in order: host tensors in one collective, CUDA tensors in another.
 
     CUDA tensors are packed into one byte buffer on their GPU, so they reach the core's GPU path with no
-    host copy. Both collectives are made on every rank (an empty one is skipped by all alike, since the
-    split by device is part of what every rank must agree on: a rank whose split differs gets a
-    MismatchError from the agreement of the other collective's signature).
+    host copy. Ranks whose tensors sit on different devices make different collectives, and every rank
+    gets a MismatchError from the agreement.
     """
     staged = [stage(t, what, names[i] if names else "tensor") for i, t in enumerate(tensors)]
     on_gpu = [i for i, s in enumerate(staged) if isinstance(s.array, torch.Tensor)]
