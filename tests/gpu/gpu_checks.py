@@ -202,13 +202,19 @@ def main(argv: list[str]) -> int:
     fails = run_checks(to_dev, to_host, is_dev, dtypes, expect)
     from mpi4py import MPI
 
-    everyone = MPI.COMM_WORLD.allgather(fails)
-    if horo.rank() == 0:
-        for r, fs in enumerate(everyone):
-            for line in fs[:20]:
-                print(f"rank {r}: {line}")
-        print("GPU CHECKS OK" if not any(everyone) else f"GPU CHECKS FAILED ({sum(map(len, everyone))})")
+    code = report(MPI.COMM_WORLD, fails, "GPU CHECKS")
     horo.shutdown()
+    return code
+
+
+def report(comm: Any, fails: list[str], label: str, shown: int = 20) -> int:
+    """Print every rank's failures and ``label`` OK/FAILED on rank 0; the exit code, the same on every rank."""
+    everyone = comm.allgather(fails)
+    if comm.Get_rank() == 0:
+        for r, fs in enumerate(everyone):
+            for line in fs[:shown]:
+                print(f"rank {r}: {line}")
+        print(f"{label} OK" if not any(everyone) else f"{label} FAILED ({sum(map(len, everyone))})")
     return 0 if not any(everyone) else 1
 
 

@@ -15,6 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+from gpu_checks import report
 
 
 def host_copies(fn: Callable[[], Any]) -> tuple[Any, dict[str, int]]:
@@ -186,14 +187,9 @@ def main(argv: list[str]) -> int:
     if not c1["DtoH"] or not c2["DtoH"]:
         fails.append(f"the copy counter missed a control copy: torch {c1}, cupy {c2}")
 
-    everyone = global_process_set.comm.allgather(fails)
-    if me == 0:
-        for r, fs in enumerate(everyone):
-            for line in fs[:30]:
-                print(f"rank {r}: {line}")
-        print("TORCH GPU CHECKS OK" if not any(everyone) else f"TORCH GPU CHECKS FAILED ({sum(map(len, everyone))})")
+    code = report(global_process_set.comm, fails, "TORCH GPU CHECKS", shown=30)
     hvd.shutdown()
-    return 0 if not any(everyone) else 1
+    return code
 
 
 if __name__ == "__main__":
