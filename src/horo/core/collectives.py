@@ -58,15 +58,8 @@ def allreduce(tensor: Any, average: bool | None = None, name: str | None = None,
 @gpu_twin
 def _allreduce(tensor: Any, average: bool | None, name: str | None, op: Any, prescale_factor: float,
                postscale_factor: float, process_set: ProcessSet | None) -> np.ndarray:
-    what = "horo.allreduce"
-    ps = resolve(process_set, what)
-    arr = host(tensor, what)
-    rop, pre, post = reduce_args(arr, op, average, prescale_factor, postscale_factor, what)
-    sig = allreduce_sig(arr, name_arg(name, what), rop, pre, post)
-    if tensor.__class__ is np.ndarray and arr.flags.c_contiguous:  # what the fast path can look up
-        repeat.remember(repeat.key(False, arr, average, name, op, prescale_factor, postscale_factor, process_set),
-                        ps, arr, sig, rop, pre, post)
-    agree(ps.comm, sig, ranks=ps.ranks)
+    ps, arr, rop, pre, post = _checked_allreduce(False, tensor, average, name, op, prescale_factor,
+                                                 postscale_factor, process_set)
     send = arr if arr.flags.c_contiguous else np.ascontiguousarray(arr)
     return mpi_ops.allreduce_into(ps.comm, send, mpi_ops.result_buffer(send.shape, send.dtype), rop, pre, post)
 
@@ -88,20 +81,32 @@ def allreduce_(tensor: np.ndarray, average: bool | None = None, name: str | None
 @gpu_twin
 def _allreduce_(tensor: np.ndarray, average: bool | None, name: str | None, op: Any, prescale_factor: float,
                 postscale_factor: float, process_set: ProcessSet | None) -> np.ndarray:
-    what = "horo.allreduce_"
-    ps = resolve(process_set, what)
-    arr = _writable(tensor, what)
-    rop, pre, post = reduce_args(arr, op, average, prescale_factor, postscale_factor, what)
-    sig = allreduce_sig(arr, name_arg(name, what), rop, pre, post)
-    if tensor.__class__ is np.ndarray and arr.flags.c_contiguous:  # what the fast path can look up
-        repeat.remember(repeat.key(True, arr, average, name, op, prescale_factor, postscale_factor, process_set),
-                        ps, arr, sig, rop, pre, post)
-    agree(ps.comm, sig, ranks=ps.ranks)
+    ps, arr, rop, pre, post = _checked_allreduce(True, tensor, average, name, op, prescale_factor,
+                                                 postscale_factor, process_set)
     buf = arr if arr.flags.c_contiguous else np.ascontiguousarray(arr)
     mpi_ops.allreduce_into(ps.comm, buf, buf, rop, pre, post)
     if buf is not arr:
         arr[...] = buf
     return arr
+
+
+def _checked_allreduce(inplace: bool, tensor: Any, average: Any, name: Any, op: Any, prescale_factor: Any,
+                       postscale_factor: Any, process_set: Any
+                       ) -> tuple[ProcessSet, np.ndarray, ReduceOp, float, float]:
+    """The checks and the agreement of ``allreduce`` / ``allreduce_``: (set, array, op, prescale, postscale).
+
+    A call the repeat path can look up later (a C-contiguous numpy array) is remembered before it agrees.
+    """
+    what = "horo.allreduce_" if inplace else "horo.allreduce"
+    ps = resolve(process_set, what)
+    arr = _writable(tensor, what) if inplace else host(tensor, what)
+    rop, pre, post = reduce_args(arr, op, average, prescale_factor, postscale_factor, what)
+    sig = allreduce_sig(arr, name_arg(name, what), rop, pre, post)
+    if tensor.__class__ is np.ndarray and arr.flags.c_contiguous:
+        repeat.remember(repeat.key(inplace, arr, average, name, op, prescale_factor, postscale_factor, process_set),
+                        ps, arr, sig, rop, pre, post)
+    agree(ps.comm, sig, ranks=ps.ranks)
+    return ps, arr, rop, pre, post
 
 
 def _writable(tensor: Any, what: str) -> np.ndarray:
