@@ -46,7 +46,13 @@ def _in_rank() -> bool:
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:
-    if not _in_rank() and _SHM.is_dir():
+    if _in_rank():
+        return
+    # The suite starts mpiexec itself too, and kills launchers: clear their stale session directories.
+    from horo.run.launch import remove_stale_session_dirs
+
+    remove_stale_session_dirs()
+    if _SHM.is_dir():
         _shm_before.update(p.name for p in _SHM.glob(_SHM_GLOB))
 
 

@@ -10,9 +10,12 @@ from __future__ import annotations
 import os
 import queue
 import re
+import shutil
 import signal
+import socket
 import subprocess
 import sys
+import tempfile
 import textwrap
 import threading
 import time
@@ -30,7 +33,7 @@ from horo.run.hosts import (
     to_hydra_hosts_arg,
     to_openmpi_hostfile,
 )
-from horo.run.launch import descendants
+from horo.run.launch import descendants, remove_stale_session_dirs
 from horo.run.mpiexec import HYDRA, OPENMPI, LaunchPlan, build_command
 
 TEARDOWN_LIMIT_S = 10.0
@@ -495,3 +498,39 @@ def test_bad_arguments(args: list[str], named: str) -> None:
 def test_help_exits_zero() -> None:
     out = hororun("--help", timeout=30)
     assert out.returncode == 0 and "-np" in out.stdout and "--check-build" in out.stdout
+
+
+def _stale_session_dir(base: Path, pid: int) -> Path:
+    """What a killed Open MPI launcher with ``pid`` leaves in ``base``: its session directory and PMIx files."""
+    host = socket.gethostname().split(".")[0]
+    d = base / f"ompi.{pid}"
+    (d / "0").mkdir(parents=True)
+    for name in (f"pmix.{host}.tool", f"pmix.{host}.tool.{pid}", f"pmix.{host}.tool.prterun-{host}-{pid}@0"):
+        (d / name).write_text(f"stale {pid}\n")
+    return d
+
+
+def test_stale_session_dirs_of_dead_launchers_are_removed(tmp_path: Path) -> None:
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()
+    dead = _stale_session_dir(tmp_path, child.pid)
+    live = _stale_session_dir(tmp_path, os.getpid())
+    other = tmp_path / "ompi.vm.0"
+    other.mkdir()
+    assert remove_stale_session_dirs(str(tmp_path)) == [str(dead)]
+    assert not dead.exists() and live.exists() and other.exists()
+
+
+def test_a_stale_session_dir_at_the_launchers_pid_does_not_stop_the_job() -> None:
+    # Open MPI names its session directory after the launcher's PID: one left by a killed launcher with the
+    # PID the next one gets made mpiexec exit 213 ("The PMIx server's listener thread failed to start").
+    base = Path(tempfile.gettempdir())
+    last = int(Path("/proc/sys/kernel/ns_last_pid").read_text())
+    made = [_stale_session_dir(base, pid) for pid in range(last + 1, last + 80)
+            if not (base / f"ompi.{pid}").exists()]
+    try:
+        out = hororun("-np", "1", sys.executable, "-c", "print('job ran')")
+        assert out.returncode == 0 and "job ran" in out.stdout, out.stdout + out.stderr
+    finally:
+        for d in made:
+            shutil.rmtree(d, ignore_errors=True)

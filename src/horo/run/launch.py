@@ -5,15 +5,18 @@ from __future__ import annotations
 import ctypes
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
-__all__ = ["JobWatch", "descendants", "kill_leftovers", "run_job"]
+__all__ = ["JobWatch", "descendants", "kill_leftovers", "remove_stale_session_dirs", "run_job"]
 
 _PR_SET_PDEATHSIG = 1
 _PR_SET_CHILD_SUBREAPER = 36
@@ -78,6 +81,32 @@ def _alive(pid: int) -> bool:
             return fh.read().rsplit(b")", 1)[-1].split()[0] != b"Z"
     except OSError:
         return False
+
+
+def remove_stale_session_dirs(tmp: str | None = None) -> list[str]:
+    """Remove this user's Open MPI session directories (``$TMPDIR/ompi.<launcher pid>``) whose launcher is gone.
+
+    A launcher that is killed leaves its directory, with its PMIx socket files, behind. Once PIDs wrap
+    (``pid_max`` can be 32768), a new launcher given the same PID cannot start its PMIx server there:
+    "The PMIx server's listener thread failed to start", exit status 213 (reproduced here).
+
+    Returns:
+        The directories removed.
+    """
+    removed: list[str] = []
+    uid = os.getuid()
+    for d in Path(tmp or tempfile.gettempdir()).glob("ompi.*"):
+        pid = d.name[len("ompi."):]
+        if not pid.isdigit() or _alive(int(pid)):
+            continue
+        try:
+            st = d.lstat()
+        except OSError:
+            continue
+        if st.st_uid == uid and d.is_dir() and not d.is_symlink():
+            shutil.rmtree(d, ignore_errors=True)
+            removed.append(str(d))
+    return removed
 
 
 def kill_leftovers(skip: frozenset[int] = frozenset(), grace: float = 1.0) -> list[int]:
@@ -185,6 +214,7 @@ def run_job(cmd: list[str], env: dict[str, str], grace: float = 5.0, teardown: f
         if prctl is not None:
             prctl(_PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0)
 
+    remove_stale_session_dirs(env.get("TMPDIR"))
     before = frozenset(descendants(os.getpid()))
     # preexec_fn only calls prctl, which takes no locks; the usual threads caveat does not bite here.
     proc = subprocess.Popen(cmd, env=env, start_new_session=True, preexec_fn=in_child,  # noqa: PLW1509
