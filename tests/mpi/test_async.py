@@ -14,6 +14,7 @@ from horo_mpi_util import (
     make_array,
     reduce_ref,
     scatter_rows,
+    sync_comm,
 )
 
 
@@ -192,5 +193,46 @@ def test_synchronize_unknown_handle_raises(hvd):
     def _check():
         with pytest.raises((ValueError, KeyError)):
             hvd.synchronize(987654321)
+
+    agree(_check)
+
+
+def test_a_deferred_submission_starts_without_synchronize(hvd, world, rank):
+    """While callers run their own rounds, a submission leaves the engine thread asleep (engine.submit).
+    The engine must still start that op by itself within its grace period, not at the idle tick."""
+    from horo.core import engine
+    from horo.core.process_sets import global_process_set
+
+    eng = global_process_set.engine
+    saved = eng.idle_s
+    eng.idle_s = 60.0  # the idle tick must not be what starts the op
+    try:
+        with eng.cv:  # as after a caller ran the last round, with its submission just now
+            eng.helped, eng.deferred_since = True, time.monotonic()
+        sync_comm().Barrier()
+        time.sleep(0.2)  # the engine thread re-parks under the new tick
+        first = hvd.allreduce_async(np.full(3, rank + 1.0), op=hvd.Sum, name="defer.first")
+        deferred = eng.deferred_since is not None
+        req = engine._get(first)
+        deadline = time.monotonic() + 5.0
+        while not req.done.is_set() and time.monotonic() < deadline:
+            time.sleep(0.001)  # neither poll() nor synchronize(): both would start the op themselves
+        started = req.done.is_set()
+        outs = [hvd.synchronize(first)]
+        eng.helped = True
+        second = hvd.allreduce_async(np.full(2, rank + 2.0), op=hvd.Sum, name="defer.second")
+        third = hvd.allreduce_async(np.full(2, rank + 3.0), op=hvd.Sum, name="defer.third")
+        woken = eng.deferred_since is None  # a backlog wakes the engine at once
+        outs += [hvd.synchronize(second), hvd.synchronize(third)]
+    finally:
+        eng.idle_s = saved
+
+    def _check():
+        assert deferred, "a submission while helped, with nothing pending, woke the engine thread"
+        assert woken, "a second pending submission left the engine thread asleep"
+        assert started, "a deferred op was not started by the engine thread within 5 s"
+        np.testing.assert_array_equal(outs[0], np.full(3, world * (world + 1) / 2))
+        np.testing.assert_array_equal(outs[1], np.full(2, world * (world + 3) / 2))
+        np.testing.assert_array_equal(outs[2], np.full(2, world * (world + 5) / 2))
 
     agree(_check)

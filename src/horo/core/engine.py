@@ -52,6 +52,10 @@ _AUTO = ".noname."
 # On the emulated cluster (2 hosts x 2 ranks, Open MPI 5 over TCP) a 2 ms tick stalled a job in 4 runs of 4
 # and a 3 ms one slowed it 3x once in 2; 5 ms and up ran like 50 ms. 10 ms keeps a margin.
 _MIN_TICK_ACROSS_HOSTS_S = 0.01
+# While callers run their own rounds (submit, then synchronize at once), a submission leaves the parked engine
+# thread asleep for up to this long: waking it cost two GIL hand-offs, ~20 µs of a ~45 µs op (one host, 1-2
+# ranks). Work nobody helps with still starts within it, and a second pending submission wakes it at once.
+_HELP_GRACE_S = 1e-3
 
 
 _DONE_LOCK = threading.Lock()
@@ -176,6 +180,9 @@ class Engine:
         # engine thread is parked: that caller then needs no hand-off to the engine and back (two thread
         # wake-ups, most of a small op's latency). GPU work keeps to the engine thread (its streams).
         self.round_lock = threading.Lock()
+        self.helped = False  # the last round with work ran on a caller: defer the engine's wake-up (_HELP_GRACE_S)
+        self.deferred_since: float | None = None  # when a submission left the engine asleep; None: woken
+        self.wakes = 0  # the engine thread's wake-ups from parking, for tests
         self.host_only = True
         self.finished = False
         self.last_round = 0.0
@@ -204,10 +211,22 @@ class Engine:
                     "synchronize the earlier handle first or pick another name."
                 )
             req.engine = self
+            first = not self.pending
             self.pending[req.name] = req
             if self.host_only and dict(req.sig).get("device"):
                 self.host_only = False
-            self.cv.notify()
+            if first and self.helped and self.host_only:
+                self.deferred_since = time.monotonic()  # its caller will likely run the round itself
+            else:
+                self.deferred_since = None
+                self.cv.notify()
+
+    def kick(self) -> None:
+        """Wake a parked engine now (e.g. from ``poll``): nobody is about to run the pending work."""
+        with self.cv:
+            if self.deferred_since is not None:
+                self.deferred_since = None
+                self.cv.notify()
 
     def join(self) -> int:
         """Contribute zeros to the other ranks' async allreduces until every rank has joined.
@@ -237,16 +256,41 @@ class Engine:
     def _main(self) -> None:
         while True:
             with self.cv:
-                if not self.pending and not self.shutdown_requested and not self.joined:
-                    self.cv.wait(timeout=self.idle_s)
+                self._park()
             with self.round_lock:
                 if self.finished:
                     return
                 idle = not self.pending and not self.shutdown_requested and not self.joined
                 if idle and time.monotonic() - self.last_round < self.idle_s:
                     continue  # a caller ran a round meanwhile: idle ranks still tick once per cycle
+                if self.pending and self.deferred_since is not None \
+                        and time.monotonic() - self.deferred_since < min(_HELP_GRACE_S, self.idle_s):
+                    continue  # a caller ran the round that took it, and a newer submission is still in grace
+                if not idle:
+                    self.helped = False
                 if self.run_round():
                     return
+
+    def _park(self) -> None:
+        """Sleep (holding ``cv``) until there is work for the engine thread, or the idle tick is due."""
+        while not self.shutdown_requested and not self.joined:
+            if not self.pending:
+                if self.helped and (self.deferred_since is None
+                                    or time.monotonic() - self.deferred_since > self.idle_s):
+                    self.helped = False  # no submit-then-synchronize for a tick: stop the wake-ups below
+                # A deferred submission does not wake us: look for one every grace period while helped.
+                self.cv.wait(timeout=min(_HELP_GRACE_S, self.idle_s) if self.helped else self.idle_s)
+                self.wakes += 1
+                if not self.pending:
+                    return  # the idle tick (or a caller's round) is due for checking
+                continue
+            if self.deferred_since is None:
+                return
+            left = self.deferred_since + min(_HELP_GRACE_S, self.idle_s) - time.monotonic()
+            if left <= 0:
+                return
+            self.cv.wait(timeout=left)
+            self.wakes += 1
 
     def run_round(self) -> bool:
         """Run one round (the caller holds ``round_lock``); True once the engine has finished or failed."""
@@ -269,12 +313,15 @@ class Engine:
         """From a caller waiting for ``req``: run rounds on this thread while the engine thread is parked."""
         while not req.done.is_set() and self.host_only and not self.finished:
             if not self.round_lock.acquire(blocking=False):
-                return  # the engine thread is in a round: it goes on until ``req`` is done
+                break  # the engine thread is in a round: it goes on until ``req`` is done
             try:
                 if not req.done.is_set() and not self.finished:
+                    self.helped = True
                     self.run_round()
             finally:
                 self.round_lock.release()
+        if not req.done.is_set():
+            self.kick()  # this caller now only waits: the engine thread must not leave ``req`` to it
 
     def _fail_all(self, err: BaseException) -> None:
         with self.cv:
@@ -797,7 +844,12 @@ def _get(handle: Any) -> Request:
 
 def poll(handle: int) -> bool:
     """True when the async op behind ``handle`` has finished (synchronize() will not block)."""
-    return _get(handle).done.is_set()
+    req = _get(handle)
+    if req.done.is_set():
+        return True
+    if req.engine is not None:
+        req.engine.kick()  # a caller that polls does not run rounds itself
+    return False
 
 
 def synchronize(handle: int) -> Any:
