@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -26,6 +27,8 @@ def test_keras_bench_runs_and_reports_every_variant(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     for row in ("DistributedOptimizer", "Compression.fp16", "bare mpi4py in the step", "raw MPI Allreduce"):
         assert row in proc.stdout, proc.stdout
+    assert re.search(r"vs bare mpi4py in the step = [0-9.]+x its speed \(target >= 0.97\) (PASS|FAIL)",
+                     proc.stdout), proc.stdout
     summary = json.loads(out.read_text())["summary"]
     assert "size1_overhead" in summary, summary
     for key in ("efficiency", "efficiency_fp16", "efficiency_bare_mpi"):

@@ -43,6 +43,13 @@ from horo.bench._util import env_summary, md_table
 from horo.run.mpiexec import local_command
 
 _MARK = "HORO_KERAS_BENCH "
+BARE_MPI_TARGET = 0.97  # issue 15: DistributedOptimizer at >= 0.97x the speed of bare mpi4py in the step
+
+
+def _verdict(bare_s: float, horo_s: float) -> str:
+    ratio = bare_s / horo_s
+    return (f"- DistributedOptimizer vs bare mpi4py in the step = {ratio:.2f}x its speed (target >= "
+            f"{BARE_MPI_TARGET}) {'PASS' if ratio >= BARE_MPI_TARGET else 'FAIL'}")
 _RANK_VARS = ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK")
 
 
@@ -173,6 +180,8 @@ def _worker(args: argparse.Namespace) -> int:
             print(f"Keras fit at {hvd.size()} rank(s), {args.backend} backend (for 1 vs N ranks run "
                   "`python -m horo.bench keras` without a launcher)")
             print(md_table(["variant", "ms / step"], rows))
+            if "bare mpi4py" in result:
+                print(_verdict(result["bare mpi4py"], result["horo"]))
             print(result["env"])
             if args.plot:
                 ms = {name: result[name] * 1e3 for name in names}
@@ -283,6 +292,7 @@ def _report(ones: list[dict[str, Any]], many: list[dict[str, Any]], args: argpar
           f"{args.batch_size}/rank, median of {args.repeats} runs per size x {args.rounds} rounds x "
           f"{args.steps} steps")
     print(md_table(["variant", "ms / step", "vs 1 rank plain"], rows))
+    print(_verdict(bare, tn))
     print(summary["env"])
     return summary
 
