@@ -23,6 +23,18 @@ def test_world_matches_launcher(hvd, world, rank):
     check(ranks == list(range(world)), f"ranks {ranks}")
 
 
+def test_horo_communicators_duplicate_the_world(hvd, world, rank):
+    """horo's own communicators have the world's group and order, and their own context (comms.duplicate)."""
+    from mpi4py import MPI
+
+    from horo.core.process_sets import global_process_set
+    from horo.core.state import state
+
+    for name, comm in (("world", state.world), ("engine", global_process_set.engine_comm)):
+        result = MPI.Comm.Compare(comm, MPI.COMM_WORLD)
+        check(result == MPI.CONGRUENT, f"{name} communicator compares as {result}, not CONGRUENT")
+
+
 def test_queries_single_host(hvd, world, rank):
     # Every rank of these jobs runs on this one machine, except on the emulated cluster (tests/multihost,
     # which checks the topology there).

@@ -40,6 +40,7 @@ from horo.bench._util import (
     parse_sizes,
     time_interleaved,
 )
+from horo.core.comms import duplicate
 
 RATIO_FROM = 1 << 20  # bandwidth target applies from this size up
 SMALL_UP_TO = 64 << 10  # latency target applies up to this size
@@ -141,7 +142,7 @@ def main(argv: list[str]) -> int:
     import horo
 
     horo.init()
-    comm = MPI.COMM_WORLD.Dup()  # raw baseline, barriers and the timing reduction
+    comm = duplicate(MPI.COMM_WORLD)  # raw baseline, barriers and the timing reduction
     n, rank = comm.Get_size(), comm.Get_rank()
     dtype = _np_dtype(args.dtype)
     raw_ok = args.dtype not in ("float16", "bfloat16")  # MPI has no reduction on these; horo upcasts

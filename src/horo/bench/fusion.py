@@ -46,6 +46,7 @@ from horo.bench._util import (
     parse_size,
     time_interleaved,
 )
+from horo.core.comms import duplicate
 
 ENGINE_TARGET = 1.15
 OUT_OF_PLACE_TARGET = 1.3  # issue 15: fresh results each step, against raw in-place per tensor
@@ -234,7 +235,7 @@ def main(argv: list[str]) -> int:
 
     import horo
 
-    comm = MPI.COMM_WORLD.Dup()
+    comm = duplicate(MPI.COMM_WORLD)
     n, rank = comm.Get_size(), comm.Get_rank()
     g = GradSet()
     if rank == 0:

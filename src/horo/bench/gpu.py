@@ -38,6 +38,7 @@ from horo.bench._util import (
     parse_sizes,
     time_interleaved,
 )
+from horo.core.comms import duplicate
 
 NEEDS = "horo.bench gpu: needs the nccl extra and a GPU (pip install 'horo[nccl]' on a CUDA machine); skipping."
 DTYPES = ("float32", "float16", "float64", "int32", "int64", "uint8")
@@ -98,7 +99,7 @@ def main(argv: list[str]) -> int:
     from horo.core.process_sets import global_process_set
 
     horo.init()
-    comm = MPI.COMM_WORLD.Dup()  # barriers and the timing reduction only
+    comm = duplicate(MPI.COMM_WORLD)  # barriers and the timing reduction only
     n, rank = comm.Get_size(), comm.Get_rank()
     gpu = device.default_device()
     cupy.cuda.Device(gpu).use()

@@ -22,6 +22,7 @@ import numpy as np
 
 from horo.bench._util import busbw, env_summary, fmt_size, limit_threads, md_table, time_interleaved
 from horo.bench.fusion import resnet50_shapes
+from horo.core.comms import duplicate
 
 __all__ = ["main"]
 
@@ -49,7 +50,7 @@ def main(argv: list[str]) -> int:
     horo.init()
     from mpi4py import MPI
 
-    comm = MPI.COMM_WORLD.Dup()
+    comm = duplicate(MPI.COMM_WORLD)
     rank, n = comm.Get_rank(), comm.Get_size()
     shapes, budget = [], args.scale * sum(4 * int(np.prod(s)) for _, s in resnet50_shapes())
     for name, shape in resnet50_shapes():  # the set's own order, until the share of its bytes is reached

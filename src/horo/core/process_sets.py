@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from .comms import duplicate
 from .state import require_init, state
 
 __all__ = ["ProcessSet", "global_process_set", "add_process_set", "remove_process_set", "resolve"]
@@ -116,7 +117,7 @@ def add_process_set(process_set: ProcessSet | Sequence[int]) -> ProcessSet:
         from .engine import Engine
 
         ps.comm = comm
-        ps.engine_comm = comm.Dup()
+        ps.engine_comm = duplicate(comm)
         ps.engine = Engine(ps.engine_comm, ps.ranks)
     ps.process_set_id = st.next_process_set_id
     st.next_process_set_id += 1

@@ -11,6 +11,7 @@ import traceback
 from collections.abc import Sequence
 from typing import Any
 
+from .comms import duplicate
 from .process_sets import ProcessSet, add_process_set, global_process_set, release
 from .state import require_init, state
 
@@ -58,7 +59,7 @@ def init(comm: Any = None, process_sets: Sequence[ProcessSet] | None = None) -> 
         raise TypeError(
             f"init(process_sets=...) takes a list of horo.ProcessSet. Received: process_sets={process_sets!r}."
         )
-    world = base.Dup()
+    world = duplicate(base)
     # Errors as exceptions, whatever the caller's handler: a dead peer must surface (see core.fault).
     world.Set_errhandler(MPI.ERRORS_RETURN)
     from .config import share
@@ -83,7 +84,7 @@ def init(comm: Any = None, process_sets: Sequence[ProcessSet] | None = None) -> 
     state.homogeneous = len(set(local_sizes)) == 1
     global_process_set.ranks = list(range(world.Get_size()))
     global_process_set.comm = world
-    global_process_set.engine_comm = world.Dup()
+    global_process_set.engine_comm = duplicate(world)
     # Only the global process set's engine is tuned: it carries the gradients.
     global_process_set.engine = Engine(global_process_set.engine_comm, global_process_set.ranks,
                                        autotune=tune_opts.enabled, tuner=tuner)

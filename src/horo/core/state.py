@@ -19,7 +19,7 @@ class State:
     def __init__(self) -> None:
         self.initialized = False
         self.lock = threading.RLock()
-        self.world: Any = None  # mpi4py communicator, a Dup of the one given to init
+        self.world: Any = None  # mpi4py communicator, a duplicate (comms.duplicate) of the one given to init
         self.local: Any = None
         self.cross: Any = None
         self.homogeneous = True

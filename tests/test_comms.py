@@ -1,0 +1,27 @@
+"""horo makes its communicators with comms.duplicate (a Split), never MPI_Comm_dup or MPI_Comm_create.
+
+On Open MPI 5.0.11 any Dup or Create in a process halved later TCP transfers between hosts that stripe over
+two links (docs/multihost.md, "Dup halved the TCP bandwidth"); the bandwidth itself is measured by the
+benches, not here. This keeps the calls from coming back.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+SRC = Path(__file__).resolve().parent.parent / "src" / "horo"
+# init(comm=[ranks]): MPI_Comm_create_group is collective over the listed ranks only, which Split is not.
+ALLOWED = {("core/runtime.py", "base = MPI.COMM_WORLD.Create_group(group)")}
+CALL = re.compile(r"\.(Dup|Idup|Create|Create_group)\(")
+
+
+def test_no_dup_or_create_of_communicators() -> None:
+    found = []
+    for path in sorted(SRC.rglob("*.py")):
+        rel = path.relative_to(SRC).as_posix()
+        for line in path.read_text().splitlines():
+            code = line.split("#", 1)[0].strip()
+            if CALL.search(code) and "Info.Create" not in code and (rel, code) not in ALLOWED:
+                found.append(f"{rel}: {code}")
+    assert not found, "use horo.core.comms.duplicate instead:\n" + "\n".join(found)
