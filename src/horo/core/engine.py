@@ -184,7 +184,7 @@ class Engine:
         self.round_lock = threading.Lock()
         self.helped = False  # the last round with work ran on a caller: defer the engine's wake-up (_HELP_GRACE_S)
         self.deferred_since: float | None = None  # when a submission left the engine asleep; None: woken
-        self.wakes = 0  # the engine thread's wake-ups from parking, for tests
+        self.wakes = 0  # times the engine thread woke while parked (a diagnostic: profiling reads it)
         self.host_only = True
         self.finished = False
         self.last_round = 0.0
