@@ -247,10 +247,19 @@ def empty(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
     return aligned_view(np.empty(nbytes + ALIGN, np.uint8), nbytes, dtype).reshape(shape)
 
 
-def aligned_view(raw: np.ndarray, nbytes: int, dtype: np.dtype) -> np.ndarray:
-    """The first ``nbytes`` of uint8 ``raw`` (``ALIGN`` bytes longer) from a 64-byte boundary, as ``dtype``."""
-    start = (-_address(raw)) % ALIGN
+def aligned_view(raw: np.ndarray, nbytes: int, dtype: np.dtype, start: int | None = None) -> np.ndarray:
+    """The first ``nbytes`` of uint8 ``raw`` (``ALIGN`` bytes longer) from a 64-byte boundary, as ``dtype``.
+
+    ``start``: that boundary's offset in ``raw`` when already known (see ``aligned_start``).
+    """
+    if start is None:
+        start = aligned_start(raw)
     return raw[start:start + nbytes].view(dtype)
+
+
+def aligned_start(raw: np.ndarray) -> int:
+    """The offset of the first 64-byte boundary in ``raw``."""
+    return (-_address(raw)) % ALIGN
 
 
 def _address(arr: np.ndarray) -> int:
@@ -282,13 +291,13 @@ def result_buffer(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
         for raw, start in slots:
             if sys.getrefcount(raw) == 3:  # its slot tuple, this loop variable, getrefcount's argument
                 # The offset is kept: taking the address again cost ~3 µs per 1 MiB result at two ranks.
-                return raw[start:start + nbytes].view(dtype).reshape(shape)
+                return aligned_view(raw, nbytes, dtype, start).reshape(shape)
         raw = np.empty(nbytes + ALIGN, np.uint8)  # every view of it (the results) has it as .base
-        start = (-_address(raw)) % ALIGN
+        start = aligned_start(raw)
         if len(slots) < _POOL_DEPTH and _pooled[0] + raw.nbytes <= _POOL_MAX_BYTES:
             slots.append((raw, start))
             _pooled[0] += raw.nbytes
-        return raw[start:start + nbytes].view(dtype).reshape(shape)
+        return aligned_view(raw, nbytes, dtype, start).reshape(shape)
 
 
 def _bytes(arr: np.ndarray) -> np.ndarray:
