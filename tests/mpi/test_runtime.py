@@ -35,6 +35,21 @@ def test_horo_communicators_duplicate_the_world(hvd, world, rank):
         check(result == MPI.CONGRUENT, f"{name} communicator compares as {result}, not CONGRUENT")
 
 
+def test_connect_pairs_runs_on_open_mpi_up_to_its_limit(hvd, world, rank):
+    """Every pair exchanges one byte at once (comms.connect_pairs): on Open MPI for 2..64 ranks only, decided
+    without talking, and it leaves nothing pending on the caller's communicator."""
+    from mpi4py import MPI
+
+    from horo.core.comms import CONNECT_PAIRS_MAX, connect_pairs
+
+    ran = connect_pairs(MPI.COMM_WORLD)
+    expected = 1 < world <= CONNECT_PAIRS_MAX and "Open MPI" in MPI.Get_library_version()
+    check(ran == expected, f"connect_pairs ran={ran} at {world} ranks on {MPI.Get_library_version()[:40]!r}")
+    check(not MPI.COMM_WORLD.Iprobe(source=MPI.ANY_SOURCE, tag=MPI.ANY_TAG), "a message was left unreceived")
+    total = MPI.COMM_WORLD.allreduce(1)
+    check(total == world, f"COMM_WORLD allreduce after connect_pairs gave {total}")
+
+
 def test_queries_single_host(hvd, world, rank):
     # Every rank of these jobs runs on this one machine, except on the emulated cluster (tests/multihost,
     # which checks the topology there).

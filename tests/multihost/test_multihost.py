@@ -128,6 +128,17 @@ def test_topology(bed, layout):
     assert _topology(out) == _expected(layout), out[-6000:]
 
 
+def test_each_direction_between_hosts_gets_its_own_connection(bed):
+    # Without horo's connect_pairs, the pairs of a 3-host job whose first exchange was one-sided (ring
+    # neighbours in init's Split) kept a single connection both ways: half the link each way (measured).
+    rc, out, _ = hororun(bed, ["-np", "3", "-H", "node1:1,node2:1,node3:1", *job("job_connections.py")])
+    assert rc == 0, out[-6000:]
+    counts = [line.split()[1:] for line in out.splitlines() if line.startswith("CONN ")]
+    assert len(counts) == 6, out[-6000:]
+    shared = [c for c in counts if int(c[2]) < 2]
+    assert not shared, f"rank, peer, connections: {shared}\n{out[-3000:]}"
+
+
 @pytest.mark.parametrize("style", ["horovod", "hydra"])
 def test_hostfile(bed, tmp_path, style):
     lines = ["node1 slots=2", "node2 slots=2"] if style == "horovod" else ["node1:2", "node2:2"]

@@ -11,7 +11,7 @@ import traceback
 from collections.abc import Sequence
 from typing import Any
 
-from .comms import duplicate
+from .comms import connect_pairs, duplicate
 from .process_sets import ProcessSet, add_process_set, global_process_set, release
 from .state import require_init, state
 
@@ -59,6 +59,7 @@ def init(comm: Any = None, process_sets: Sequence[ProcessSet] | None = None) -> 
         raise TypeError(
             f"init(process_sets=...) takes a list of horo.ProcessSet. Received: process_sets={process_sets!r}."
         )
+    connect_pairs(base)  # first, so each direction between two hosts gets its own TCP connection
     world = duplicate(base)
     # Errors as exceptions, whatever the caller's handler: a dead peer must surface (see core.fault).
     world.Set_errhandler(MPI.ERRORS_RETURN)

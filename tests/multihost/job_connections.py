@@ -1,0 +1,25 @@
+"""Run on the bed under hororun (one rank per host): print this rank's TCP connections to each other host.
+
+Open MPI's TCP BTL opens connections lazily. A pair whose first exchange is one-sided shares one connection
+both ways (half the link each way on the bed); ``horo.init`` first has every pair send at once, so each side
+opens its own (``horo.core.comms.connect_pairs``, docs/multihost.md).
+"""
+
+import os
+import socket
+import subprocess
+
+import numpy as np
+
+import horo
+
+horo.init()
+horo.allreduce(np.ones(1 << 18, np.float32), name="warm")  # 1 MiB: both directions of every pair in use
+peers = horo.allgather_object(socket.gethostbyname(socket.gethostname()))
+listing = subprocess.run(["ss", "-tnpH", "state", "established"], capture_output=True, text=True, check=True).stdout
+mine = [line.split() for line in listing.splitlines() if f"pid={os.getpid()}," in line]
+for r, ip in enumerate(peers):
+    if r != horo.rank():
+        n = sum(1 for cols in mine if cols[3].rsplit(":", 1)[0] == ip)
+        print("CONN", horo.rank(), ip, n, flush=True)
+horo.shutdown()
