@@ -99,3 +99,18 @@ def test_driver_answers_only_signed_requests():
         assert host == "127.0.0.1"  # loopback unless the hosts need otherwise
     finally:
         drv.stop()
+
+
+def test_driver_tells_apart_workers_that_share_a_pid_on_different_hosts():
+    """Hosts with their own PID namespaces (containers, the test bed) reuse pids: the key is (host, pid)."""
+    logs: list[str] = []
+    driver = ElasticDriver(lambda: {"a": 1, "b": 1, "c": 1}, 2, 3, log=logs.append)
+    try:
+        driver._world([["a", "ha", 7], ["b", "hb", 7], ["c", "hc", 7]])  # noqa: SLF001
+        assert driver.table.in_use == {"a": 1, "b": 1, "c": 1}
+        driver._world([["a", "ha", 7], ["b", "hb", 7]])  # noqa: SLF001 - c's worker died
+        assert [(host, pid) for _t, host, pid in driver.failures] == [("c", 7)]
+        assert driver.table.in_use == {"a": 1, "b": 1}
+        assert any("on host c failed; c is excluded" in m for m in logs), logs
+    finally:
+        driver.server.server_close()

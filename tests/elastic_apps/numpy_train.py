@@ -7,6 +7,7 @@ Environment as in torch_train.py: ELASTIC_OUT, ELASTIC_KILLS ("step:rank:reset,.
 import json
 import os
 import signal
+import socket
 import time
 
 import numpy as np
@@ -51,5 +52,5 @@ def train(state):
 
 total = train(state)
 log.update(rank=horo.rank(), size=horo.size(), total=total, weights=state.weights.tolist())
-with open(os.path.join(OUT, f"result.{os.getpid()}.json"), "w") as f:
+with open(os.path.join(OUT, f"result.{socket.gethostname()}.{os.getpid()}.json"), "w") as f:
     json.dump(log, f)

@@ -227,6 +227,30 @@ def _finish(proc, log: Path, limit: float) -> tuple[int, str, float]:
     return rc, log.read_text(errors="replace"), time.monotonic() - start
 
 
+def test_elastic_continues_when_a_worker_on_another_host_dies(bed, tmp_path):
+    """hororun's elastic mode across hosts (--ssh-command reaches its mpiexec): node3's worker SIGKILLs
+    itself at step 10; node1 and node2 shrink, finish every step once and agree on the weights.
+
+    The bed's hosts have PID namespaces, so workers share pids: the driver must tell them apart by host
+    (it once took the 3 workers for 1 and spawned onto a full host, which killed the job).
+    """
+    out_dir = tmp_path / "out"
+    out_dir.mkdir()
+    rc, out, _ = hororun(bed, ["-np", "3", "--min-np", "2", "--max-np", "3", "-H", "node1:1,node2:1,node3:1",
+                               sys.executable, str(REPO / "tests" / "elastic_apps" / "numpy_train.py")],
+                         timeout=150, env_extra={"ELASTIC_OUT": str(out_dir), "ELASTIC_KILLS": "10:2:0",
+                                                 "STEPS": "30", "OMP_NUM_THREADS": "1"})
+    assert rc == 0, out[-6000:]
+    results = [json.loads(p.read_text()) for p in sorted(out_dir.glob("result.*.json"))]
+    assert sorted(r["rank"] for r in results) == [0, 1], out[-6000:]
+    assert all(r["size"] == 2 for r in results), results
+    assert results[0]["weights"] == results[1]["weights"], results
+    assert results[0]["total"] == 10 * 3 + 20 * 2, "a committed step was lost or counted twice"
+    assert "world now has 3 worker(s): [('node1', 1), ('node2', 1), ('node3', 1)]" in out, out[-6000:]
+    assert "on host node3 failed; node3 is excluded" in out, out[-6000:]
+    assert "adding" not in out, out[-6000:]
+
+
 def test_host_killed_ends_the_job(bed, tmp_path):
     """Every process of node2 (daemon and ranks) SIGKILLed: the job ends non-zero within 10 s naming node2."""
     proc, log = _start_loop(bed, tmp_path)

@@ -168,7 +168,7 @@ def main(argv: list[str] | None = None) -> int:
     if ns.elastic:
         from horo.run.elastic_launch import run_elastic
 
-        return run_elastic(ns, mpiexec, flavor, env, genv)
+        return run_elastic(ns, mpiexec, flavor, env, genv, ssh_command)
 
     with tempfile.TemporaryDirectory(prefix="hororun-") as tmp:
         hostfile = None

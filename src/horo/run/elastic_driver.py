@@ -149,7 +149,9 @@ class ElasticDriver:
         self.table = HostTable(cooldown=cooldown)
         self.key = secrets.token_bytes(32)
         self.log = log or (lambda m: print(f"hororun: elastic: {m}", file=sys.stderr, flush=True))
-        self.members: dict[int, str] = {}  # pid -> logical host, as last reported
+        # (real host name, pid) -> logical host, as last reported. The pid alone is not a key: processes on
+        # different hosts may share one (the test bed's hosts each have a PID namespace; so may containers).
+        self.members: dict[tuple[str, int], str] = {}
         self.failures: list[tuple[float, str, int]] = []
         self.fatal: str | None = None
         self.discovery_error: str | None = None
@@ -229,11 +231,11 @@ class ElasticDriver:
         return {"error": f"unknown op {op!r}"}
 
     def _world(self, members: list[list[Any]]) -> None:
-        now = {int(pid): str(host) for host, _real, pid in members}
+        now = {(str(real), int(pid)): str(host) for host, real, pid in members}
         with self.table.lock:
             if self.members:
-                for pid, host in self.members.items():
-                    if pid not in now:
+                for (real, pid), host in self.members.items():
+                    if (real, pid) not in now:
                         self.failures.append((time.time(), host, pid))
                         wait = self.table.exclude(host)
                         until = "for the rest of the job" if wait is None else f"for {wait:.0f} s"

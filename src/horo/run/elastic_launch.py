@@ -15,7 +15,14 @@ import sys
 import tempfile
 from pathlib import Path
 
-from horo.run.elastic_driver import DiscoveryError, ElasticDriver, bind_address, mpi_hosts, run_discovery_script
+from horo.run.elastic_driver import (
+    DiscoveryError,
+    ElasticDriver,
+    any_remote,
+    bind_address,
+    mpi_hosts,
+    run_discovery_script,
+)
 from horo.run.hosts import HostParseError, parse_hosts_arg
 from horo.run.mpiexec import OPENMPI
 
@@ -28,8 +35,12 @@ def _fail(message: str, code: int = 1) -> int:
 
 
 def run_elastic(ns: argparse.Namespace, mpiexec: str, flavor: str, base_env: dict[str, str],
-                genv: dict[str, str]) -> int:
-    """Run the elastic job described by ``ns``; returns hororun's exit status."""
+                genv: dict[str, str], ssh_command: str | None = None) -> int:
+    """Run the elastic job described by ``ns``; returns hororun's exit status.
+
+    ``ssh_command`` (``--ssh-command``/``HORO_SSH``) and ``--network-interface`` reach mpiexec as in a fixed
+    job, so the daemons of new hosts start through the same program.
+    """
     if flavor != OPENMPI:
         return _fail(f"elastic mode needs an MPI with fault tolerance (ULFM): Open MPI 5 started with "
                      f"--with-ft ulfm. Received: --mpiexec={mpiexec!r} ({flavor}). HINT: use horo's embedded Open "
@@ -70,10 +81,18 @@ def run_elastic(ns: argparse.Namespace, mpiexec: str, flavor: str, base_env: dic
         env_extra["HORO_ELASTIC_RESET_LIMIT"] = str(ns.reset_limit)
     env = {**base_env, **env_extra}
     hosts = mpi_hosts(driver.table.usable() or first, ns.max_np)
-    cmd = [mpiexec, "--with-ft", "ulfm", "-np", str(len(assignment)), "--oversubscribe"]
+    cmd = [mpiexec, "--with-ft", "ulfm", "-np", str(len(assignment))]
+    if not any_remote(first) or len(assignment) > sum(s for _h, s in hosts):
+        # Only when needed across hosts: with it, Open MPI 5 puts every rank on the first host.
+        cmd.append("--oversubscribe")
     if hasattr(os, "geteuid") and os.geteuid() == 0:
         cmd.append("--allow-run-as-root")
     cmd += ["-H", ",".join(f"{h}:{s}" for h, s in hosts)]
+    if ssh_command:
+        cmd += ["--prtemca", "plm_ssh_agent", ssh_command]
+    if ns.network_interface:
+        joined = ",".join(ns.network_interface)
+        cmd += ["--mca", "btl_tcp_if_include", joined, "--prtemca", "oob_tcp_if_include", joined]
     if ns.tag_output:
         cmd.append("--tag-output")
     for name, value in {**genv, **env_extra}.items():
