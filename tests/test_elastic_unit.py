@@ -114,3 +114,21 @@ def test_driver_tells_apart_workers_that_share_a_pid_on_different_hosts():
         assert any("on host c failed; c is excluded" in m for m in logs), logs
     finally:
         driver.server.server_close()
+
+
+def test_driver_grows_the_world_on_this_machine_only():
+    """Spawning onto another host hangs or fails in Open MPI 5 (docs/design-elastic.md): the driver offers
+    only local slots for growth, says so once, and still places workers on every host at the start."""
+    logs: list[str] = []
+    driver = ElasticDriver(lambda: {"localhost": 1, "nodeb": 2}, 1, 4, log=logs.append)
+    try:
+        assert driver.initial_assignment(2, 5.0) == ["localhost", "nodeb"]
+        assert driver.handle({"op": "poll"})["free"] == 0
+        assert driver.handle({"op": "claim", "size": 2}) == {"hosts": []}
+        driver.handle({"op": "poll"})
+        told = [m for m in logs if m.startswith("not growing onto ['nodeb']")]
+        assert len(told) == 1, logs
+        driver.table.update({"localhost": 2, "nodeb": 2})
+        assert driver.handle({"op": "claim", "size": 2}) == {"hosts": ["localhost"]}
+    finally:
+        driver.server.server_close()
