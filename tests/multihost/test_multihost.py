@@ -263,6 +263,31 @@ def test_host_killed_ends_the_job(bed, tmp_path):
     assert "FINISHED" not in out
 
 
+def test_elastic_job_ends_clearly_when_a_whole_host_is_lost(bed, tmp_path):
+    """Elastic mode, node3's daemon and worker SIGKILLed: Open MPI 5 cannot survive a daemon's death, so the
+    job must end non-zero within 10 s naming node3, never hang (docs/design-elastic.md, "Several hosts")."""
+    out_dir = tmp_path / "out"
+    out_dir.mkdir()
+    env = {k: v for k, v in os.environ.items() if k != "PRTE_MCA_rmaps_default_mapping_policy"}
+    env.update(PYTHONPATH=str(REPO / "src"), ELASTIC_OUT=str(out_dir), STEPS="400", STEP_SLEEP="0.05",
+               OMP_NUM_THREADS="1")
+    log = tmp_path / "job.log"
+    argv = exec_argv(bed, "head", [HORORUN, "--ssh-command", bed.agent, "--network-interface", "eth0", "-np", "3",
+                                   "--min-np", "2", "--max-np", "3", "-H", "node1:1,node2:1,node3:1",
+                                   sys.executable, str(REPO / "tests" / "elastic_apps" / "numpy_train.py")],
+                     cwd=str(REPO))
+    with open(log, "w") as fh:
+        proc = subprocess.Popen(argv, env=env, stdout=fh, stderr=subprocess.STDOUT, start_new_session=True)
+    _wait_for(log, "world now has 3 worker(s)")
+    time.sleep(1.0)
+    assert kill_host(bed, "node3")
+    rc, out, took = _finish(proc, log, limit=30)
+    assert rc != 0, out[-6000:]
+    assert took < 10, f"the job took {took:.1f} s to end:\n{out[-6000:]}"
+    assert "node3" in out.split("world now has 3 worker(s)", 1)[1], out[-6000:]
+    assert not list(out_dir.glob("result.*.json")), "a worker finished although the job was lost"
+
+
 def test_silent_link_cut_ends_the_job(bed, tmp_path):
     """eth0 of node2 set down mid-job (no RST, no FIN): every rank's watchdog fires, the job ends non-zero."""
     limit = 5.0
