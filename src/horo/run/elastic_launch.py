@@ -24,7 +24,7 @@ from horo.run.elastic_driver import (
     run_discovery_script,
 )
 from horo.run.hosts import HostParseError, parse_hosts_arg
-from horo.run.mpiexec import OPENMPI
+from horo.run.mpiexec import OPENMPI, openmpi_remote_args
 
 __all__ = ["run_elastic"]
 
@@ -39,7 +39,7 @@ def run_elastic(ns: argparse.Namespace, mpiexec: str, flavor: str, base_env: dic
     """Run the elastic job described by ``ns``; returns hororun's exit status.
 
     ``ssh_command`` (``--ssh-command``/``HORO_SSH``) and ``--network-interface`` reach mpiexec as in a fixed
-    job, so the daemons of new hosts start through the same program.
+    job, so the daemons on other hosts start through the same program.
     """
     if flavor != OPENMPI:
         return _fail(f"elastic mode needs an MPI with fault tolerance (ULFM): Open MPI 5 started with "
@@ -88,11 +88,7 @@ def run_elastic(ns: argparse.Namespace, mpiexec: str, flavor: str, base_env: dic
     if hasattr(os, "geteuid") and os.geteuid() == 0:
         cmd.append("--allow-run-as-root")
     cmd += ["-H", ",".join(f"{h}:{s}" for h, s in hosts)]
-    if ssh_command:
-        cmd += ["--prtemca", "plm_ssh_agent", ssh_command]
-    if ns.network_interface:
-        joined = ",".join(ns.network_interface)
-        cmd += ["--mca", "btl_tcp_if_include", joined, "--prtemca", "oob_tcp_if_include", joined]
+    cmd += openmpi_remote_args(ssh_command, ns.network_interface or [])
     if ns.tag_output:
         cmd.append("--tag-output")
     for name, value in {**genv, **env_extra}.items():

@@ -7,6 +7,7 @@ import shutil
 import subprocess
 import sys
 import sysconfig
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -14,6 +15,7 @@ from horo.run.hosts import HostSpec, to_hydra_hosts_arg
 
 __all__ = [
     "HYDRA", "OPENMPI", "LaunchPlan", "MpiexecError", "build_command", "detect_flavor", "find_mpiexec", "local_command",
+    "openmpi_remote_args",
 ]
 
 HYDRA = "hydra"  # MPICH, Intel MPI, MVAPICH: all use the hydra process manager.
@@ -99,6 +101,19 @@ class LaunchPlan:
     oversubscribe: bool = True
 
 
+def openmpi_remote_args(ssh_command: str | None, interfaces: Sequence[str]) -> list[str]:
+    """Open MPI's options for the remote-start program and the network interfaces (fixed and elastic jobs)."""
+    args: list[str] = []
+    if ssh_command:
+        args += ["--prtemca", "plm_ssh_agent", ssh_command]
+    if interfaces:
+        # Both layers: MPI's data (btl) and the daemons' control channel (oob), or either may pick an
+        # address another host cannot reach and the job hangs at start.
+        joined = ",".join(interfaces)
+        args += ["--mca", "btl_tcp_if_include", joined, "--prtemca", "oob_tcp_if_include", joined]
+    return args
+
+
 def build_command(plan: LaunchPlan) -> list[str]:
     """The full argv for mpiexec.
 
@@ -117,13 +132,7 @@ def build_command(plan: LaunchPlan) -> list[str]:
             cmd += ["--hostfile", plan.hostfile]
         if plan.tag_output:
             cmd.append("--tag-output")
-        if plan.ssh_command:
-            cmd += ["--prtemca", "plm_ssh_agent", plan.ssh_command]
-        if plan.interfaces:
-            # Both layers: MPI's data (btl) and the daemons' control channel (oob), or either may pick an
-            # address another host cannot reach and the job hangs at start.
-            joined = ",".join(plan.interfaces)
-            cmd += ["--mca", "btl_tcp_if_include", joined, "--prtemca", "oob_tcp_if_include", joined]
+        cmd += openmpi_remote_args(plan.ssh_command, plan.interfaces)
         for name, value in plan.genv.items():
             cmd += ["-x", f"{name}={value}"]
     else:
