@@ -204,13 +204,15 @@ def _wait_for(proc_out: Path, marker: str, limit: float = 90.0) -> None:
     pytest.fail(f"the job never printed {marker!r}:\n{proc_out.read_text(errors='replace')[-6000:]}")
 
 
-def _start_loop(bed, tmp_path, env_extra: dict | None = None):
+def _start_loop(bed, tmp_path, env_extra: dict | None = None, args: list[str] | None = None):
+    """Start hororun on the bed in the background (default: job_loop.py on 2 x 2); returns (proc, log)."""
     env = {k: v for k, v in os.environ.items() if k != "PRTE_MCA_rmaps_default_mapping_policy"}
     env["PYTHONPATH"] = str(REPO / "src")
     env.update(env_extra or {})
     log = tmp_path / "job.log"
-    argv = exec_argv(bed, "head", [HORORUN, "--ssh-command", bed.agent, "--network-interface", "eth0", "-np", "4",
-                                   "-H", "node1:2,node2:2", *job("job_loop.py"), "120"], cwd=str(REPO))
+    args = args or ["-np", "4", "-H", "node1:2,node2:2", *job("job_loop.py"), "120"]
+    argv = exec_argv(bed, "head", [HORORUN, "--ssh-command", bed.agent, "--network-interface", "eth0", *args],
+                     cwd=str(REPO))
     with open(log, "w") as fh:
         proc = subprocess.Popen(argv, env=env, stdout=fh, stderr=subprocess.STDOUT, start_new_session=True)
     return proc, log
@@ -268,16 +270,10 @@ def test_elastic_job_ends_clearly_when_a_whole_host_is_lost(bed, tmp_path):
     job must end non-zero within 10 s naming node3, never hang (docs/design-elastic.md, "Several hosts")."""
     out_dir = tmp_path / "out"
     out_dir.mkdir()
-    env = {k: v for k, v in os.environ.items() if k != "PRTE_MCA_rmaps_default_mapping_policy"}
-    env.update(PYTHONPATH=str(REPO / "src"), ELASTIC_OUT=str(out_dir), STEPS="400", STEP_SLEEP="0.05",
-               OMP_NUM_THREADS="1")
-    log = tmp_path / "job.log"
-    argv = exec_argv(bed, "head", [HORORUN, "--ssh-command", bed.agent, "--network-interface", "eth0", "-np", "3",
-                                   "--min-np", "2", "--max-np", "3", "-H", "node1:1,node2:1,node3:1",
-                                   sys.executable, str(REPO / "tests" / "elastic_apps" / "numpy_train.py")],
-                     cwd=str(REPO))
-    with open(log, "w") as fh:
-        proc = subprocess.Popen(argv, env=env, stdout=fh, stderr=subprocess.STDOUT, start_new_session=True)
+    proc, log = _start_loop(bed, tmp_path,
+                            {"ELASTIC_OUT": str(out_dir), "STEPS": "400", "STEP_SLEEP": "0.05", "OMP_NUM_THREADS": "1"},
+                            ["-np", "3", "--min-np", "2", "--max-np", "3", "-H", "node1:1,node2:1,node3:1",
+                             sys.executable, str(REPO / "tests" / "elastic_apps" / "numpy_train.py")])
     _wait_for(log, "world now has 3 worker(s)")
     time.sleep(1.0)
     assert kill_host(bed, "node3")
