@@ -10,7 +10,7 @@ import pytest
 from horo.elastic import HoroInternalError, HorovodInternalError, ObjectState, run
 from horo.run.args import UsageError, parse_args
 from horo.run.elastic_driver import DiscoveryError, ElasticDriver, HostTable, parse_discovery_output
-from horo.run.elastic_proto import recv_msg, send_msg
+from horo.run.elastic_proto import BLOB, recv_msg, send_msg
 
 
 def _state(**kw):
@@ -132,3 +132,99 @@ def test_driver_grows_the_world_on_this_machine_only():
         assert driver.handle({"op": "claim", "size": 2}) == {"hosts": ["localhost"]}
     finally:
         driver.server.server_close()
+
+
+def test_signed_messages_carry_a_binary_payload_and_refuse_a_changed_one():
+    import threading
+
+    a, b = socket.socketpair()
+    b.settimeout(10)
+    try:
+        blob = bytes(range(256)) * 5000 + b"\n end"  # bigger than a socket buffer, with a newline inside
+        sender = threading.Thread(target=send_msg, args=(a, b"k", {"op": "commit", BLOB: blob}))
+        sender.start()
+        assert recv_msg(b, b"k") == {"op": "commit", BLOB: blob}
+        sender.join()
+        send_msg(a, b"k", {"op": "commit", BLOB: b"abc"})
+        line = b""
+        while not line.endswith(b"\n"):
+            line += b.recv(1)
+        assert b.recv(3) == b"abc"
+        c, d = socket.socketpair()
+        d.settimeout(10)
+        c.sendall(line + b"abd")  # the signed line with a payload that differs from its digest
+        with pytest.raises(ValueError, match="payload does not match"):
+            recv_msg(d, b"k")
+        c.close()
+        d.close()
+    finally:
+        a.close()
+        b.close()
+
+
+def test_driver_keeps_the_last_commit_and_forgets_a_lost_hosts_workers():
+    """A whole host lost ends the MPI job: the driver keeps rank 0's last commit for the job it restarts, and
+    records the lost host's workers as failed, so they are not counted again when the new job reports."""
+    logs: list[str] = []
+    driver = ElasticDriver(lambda: {"a": 1, "b": 1, "c": 1}, 2, 3, log=logs.append)
+    try:
+        assert driver.handle({"op": "resume"}) == {"ok": False}
+        driver.handle({"op": "commit", BLOB: b"one"})
+        driver.handle({"op": "commit", BLOB: b"two"})
+        assert driver.handle({"op": "resume"}) == {"ok": True, BLOB: b"two"}
+        driver._world([["a", "ha", 7], ["b", "hb", 7], ["c", "hc", 7]])  # noqa: SLF001
+        assert driver.world_reports == 1
+        assert driver.lose_hosts(["hc"]) == ["c"]
+        assert [(host, pid) for _t, host, pid in driver.failures] == [("c", 7)]
+        assert driver.members == {} and driver.world_reports == 0
+        assert driver.initial_assignment(3, 1.0) == ["a", "b"]  # c is excluded for good
+        driver._world([["a", "ha", 9], ["b", "hb", 9]])  # noqa: SLF001 - the restarted job
+        assert len(driver.failures) == 1 and any("host c was lost with its 1 worker(s)" in m for m in logs), logs
+        driver.handle({"op": "commit", "unsupported": "MyState"})
+        assert driver.state_unsupported == "MyState"
+    finally:
+        driver.server.server_close()
+
+
+def test_object_state_round_trips_its_commit_through_pickle():
+    import pickle
+
+    state = ObjectState(bcast_object=lambda obj, root, name=None: obj, get_rank=lambda: 0, epoch=3, w=np.ones(2))
+    state.epoch, state.w = 9, np.zeros(2)
+    value = pickle.loads(pickle.dumps(state.committed()))
+    other = ObjectState(bcast_object=lambda obj, root, name=None: obj, get_rank=lambda: 0, epoch=0, w=None)
+    other.load_committed(value)
+    other.restore()
+    assert other.epoch == 3 and np.array_equal(other.w, np.ones(2))
+
+
+def test_torch_state_round_trips_its_commit_through_pickle():
+    """What a job restarted after a lost host resumes from: model, optimizer and values of the last commit."""
+    import pickle
+
+    torch = pytest.importorskip("torch")
+    from horo.torch.elastic import TorchState
+
+    def make(seed: int):
+        torch.manual_seed(seed)
+        model = torch.nn.Linear(3, 2)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+        model(torch.ones(1, 3)).sum().backward()
+        opt.step()  # momentum buffers exist
+        return model, opt
+
+    model, opt = make(0)
+    state = TorchState(model, opt, epoch=4)
+    state.commit()
+    committed = {k: v.clone() for k, v in model.state_dict().items()}
+    with torch.no_grad():
+        model.weight.add_(1.0)  # after the commit: must not come back
+    blob = pickle.dumps(state.committed())
+    model2, opt2 = make(1)
+    other = TorchState(model2, opt2, epoch=0)
+    other.load_committed(pickle.loads(blob))
+    other.restore()
+    assert other.epoch == 4
+    for k, v in model2.state_dict().items():
+        assert torch.equal(v, committed[k]), k
+    assert torch.equal(opt2.state_dict()["state"][0]["momentum_buffer"], opt.state_dict()["state"][0]["momentum_buffer"])

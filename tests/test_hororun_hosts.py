@@ -96,6 +96,24 @@ def test_job_watch_sees_a_lost_host():
     assert quiet.failed_at is None and quiet.hosts == []
 
 
+def test_job_watch_names_the_host_whose_daemon_was_lost():
+    """Open MPI 5's message when a host's daemon is gone: elastic mode restarts the job without that host."""
+    watch = JobWatch(lambda _line: None)
+    for line in (b"PRTE has lost communication with a remote daemon.\n",
+                 b"  HNP daemon   : [prterun-node1-77@0,0] on node node1\n",
+                 b"  Remote daemon: [prterun-node1-77@0,2] on node node3\n"):
+        watch.feed(line)
+    assert watch.failed_at is not None and watch.lost == ["node3"] and "node1" in watch.hosts
+    other = JobWatch(lambda _line: None)  # what a daemon that died mid-job gave on the test bed
+    for line in (b"A daemon failed to report back after being spawned.\n", b"  Local host:    head\n",
+                 b"  Remote host:   node3\n"):
+        other.feed(line)
+    assert other.lost == ["node3"]
+    quiet = JobWatch(lambda _line: None)
+    quiet.feed(b"  Remote host:   node2\n")  # another message naming a host: no daemon was lost
+    assert quiet.lost == []
+
+
 @pytest.mark.timeout(120)
 def test_watchdog_ends_a_rank_blocked_past_the_limit(tmp_path):
     """Rank 1 never joins the allreduce: with a 3 s limit rank 0 must exit with the watchdog's error."""

@@ -13,15 +13,17 @@ import time
 from typing import Any
 
 from .. import core
-from ..run.elastic_proto import local_aliases, recv_msg, send_msg
+from ..run.elastic_proto import BLOB, local_aliases, recv_msg, send_msg
 
 __all__ = ["enabled", "start", "growth_available", "free_slots", "claim_slots", "hosts_left", "report_world",
-           "report_fatal", "mpi_host", "set_new_hosts", "my_host"]
+           "report_fatal", "mpi_host", "set_new_hosts", "my_host", "keeps_state", "keep_state",
+           "committed_state"]
 
 _lock = threading.Lock()
 _poll: dict[str, Any] = {"free": 0, "hosts": [], "thread": None}
 _me: dict[str, str | None] = {"host": None}
 _new_hosts: list[str] = []
+_warned: set[str] = set()
 
 
 def enabled() -> bool:
@@ -134,3 +136,37 @@ def report_fatal(message: str) -> None:
 def mpi_host(logical: str) -> str:
     """The MPI host a logical host runs on: its own name, or this machine's for a local alias."""
     return socket.gethostname() if logical in local_aliases() else logical
+
+
+def keeps_state() -> bool:
+    """Whether this job sends its commits to hororun (it spans hosts: a lost host ends the MPI job)."""
+    return enabled() and os.environ.get("HORO_ELASTIC_KEEP_STATE") == "1"
+
+
+def keep_state(blob: bytes | None, unsupported: str = "") -> None:
+    """Rank 0, at each commit: hand the pickled committed state to the driver, before ``commit()`` returns.
+
+    ``blob`` None: the state cannot be pickled (``unsupported`` names its class); the driver then does not
+    restart the job after a lost host, since the commit would be lost.
+    """
+    msg: dict[str, Any] = {"op": "commit"}
+    if blob is None:
+        msg["unsupported"] = unsupported
+    else:
+        msg[BLOB] = blob
+    try:
+        _request(msg, timeout=60.0)
+    except (OSError, ValueError) as exc:
+        if "send" not in _warned:
+            _warned.add("send")
+            import sys
+
+            sys.stderr.write(f"horo.elastic: could not send the committed state to hororun ({exc}); a lost host "
+                             "would lose it\n")
+
+
+def committed_state() -> bytes | None:
+    """The committed state the driver kept from the MPI job before this one (None: there was no commit)."""
+    reply = _request({"op": "resume"}, timeout=60.0)
+    blob = reply.get(BLOB)
+    return blob if isinstance(blob, bytes) else None

@@ -10,6 +10,10 @@ The reset sequence (see docs/design-elastic.md):
 4. the reset callbacks run, then ``state.sync()`` broadcasts rank 0's committed state, and the function is
    called again.
 
+A lost host: Open MPI ends the whole MPI job. In a job across hosts rank 0 hands every commit to hororun,
+which starts a new job on the hosts left (``HORO_ELASTIC_RESUME=1``): there rank 0 takes that commit back,
+the reset callbacks run, and ``sync()`` spreads it before the first step.
+
 Growth: ``commit()`` raises ``HostsUpdatedInterrupt`` on every rank when hororun's driver has free slots;
 the ranks ``Spawn`` the new workers together and ``Merge`` with them; the new workers receive the state
 through the same ``sync()`` before their first step.
@@ -35,7 +39,8 @@ from .errors import ElasticError, HostsUpdatedInterrupt
 __all__ = ["run", "host_update_pending", "reset_count"]
 
 F = TypeVar("F", bound=Callable[..., Any])
-_resets = {"count": 0, "failures": 0, "atexit": 0}
+# A job hororun restarted after a lost host continues the count (HORO_ELASTIC_RESET_BASE).
+_resets = {"count": int(os.environ.get("HORO_ELASTIC_RESET_BASE") or 0), "failures": 0, "atexit": 0, "resumed": 0}
 
 
 def reset_count() -> int:
@@ -157,6 +162,34 @@ def _wait_for_min(min_np: int) -> None:
         time.sleep(1.0)
 
 
+def _resume(state: Any) -> None:
+    """Collective, in a job hororun restarted after a lost host: continue from the last commit it kept."""
+    import pickle
+
+    from . import client
+
+    value, status, why = None, np.zeros(1, dtype=np.int64), ""
+    if core.rank() == 0:
+        try:
+            blob = client.committed_state()
+            if blob is not None:
+                value = pickle.loads(blob)  # noqa: S301 - from hororun, signed with the job's secret
+                status[0] = 1
+        except Exception as exc:  # noqa: BLE001 - every rank must learn of it, below
+            status[0], why = 2, f"{type(exc).__name__}: {exc}"
+    status = core.broadcast(status, 0, name="horo.elastic.resume")
+    if status[0] == 2:
+        raise ElasticError(f"horo.elastic: this job was restarted after a lost host, but the committed state "
+                           f"could not be fetched from hororun{': ' + why if why else ''}. HINT: see hororun's "
+                           "messages above.")
+    if value is not None:
+        state.load_committed(value)
+        state.restore()
+    state.on_reset()
+    _log(f"rank {core.rank()}: restarted by hororun on {core.size()} processes, from "
+         f"{'the last commit' if status[0] else 'the start (nothing was committed)'}")
+
+
 def grow() -> None:
     """Collective over the current world: spawn workers on the driver's free slots and merge with them."""
     from mpi4py import MPI
@@ -218,6 +251,9 @@ def run(func: F) -> F:
             _resets["atexit"] = 1
         client.start()
         client.report_world()  # collective: spawned workers meet the others here, before the first sync
+        if os.environ.get("HORO_ELASTIC_RESUME") == "1" and not _resets["resumed"]:
+            _resets["resumed"] = 1
+            _resume(state)
         reset: str | None = None
         skip_sync = False
         while True:

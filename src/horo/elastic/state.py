@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import pickle
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -46,9 +47,36 @@ class State:
         """Hook for subclasses: adapt to the new world (e.g. re-partition data)."""
 
     def commit(self) -> None:
-        """Save the state (a failure later rolls back to here), then check whether hosts were added."""
+        """Save the state (a failure later rolls back to here), then check whether hosts were added.
+
+        In a job across hosts rank 0 also hands the saved state to hororun before returning: a lost host
+        ends the MPI job, and the job hororun starts next resumes from it.
+        """
         self.save()
+        self._keep_at_driver()
         self.check_host_updates()
+
+    def committed(self) -> Any:
+        """The saved state as one picklable value (what hororun keeps); subclasses extend it."""
+        raise NotImplementedError
+
+    def load_committed(self, value: Any) -> None:
+        """Make ``value`` (from ``committed()``, maybe of another process) the saved state; then ``restore()``."""
+        raise NotImplementedError
+
+    def _keep_at_driver(self) -> None:
+        from . import client
+
+        if not client.keeps_state() or self._rank() != 0:
+            return
+        try:
+            value = self.committed()
+        except NotImplementedError:
+            if not getattr(self, "_told_unsupported", False):
+                self._told_unsupported = True
+                client.keep_state(None, type(self).__name__)
+            return
+        client.keep_state(pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL))
 
     def check_host_updates(self) -> None:
         """Raise ``HostsUpdatedInterrupt`` on every rank when the launcher has new slots for workers.
@@ -88,6 +116,12 @@ class ObjectState(State):
 
     def restore(self) -> None:
         self._set_attrs()
+
+    def committed(self) -> Any:
+        return {"values": self._saved_state}
+
+    def load_committed(self, value: Any) -> None:
+        self._saved_state = dict(value["values"])
 
     def sync(self) -> None:
         if self._saved_state:

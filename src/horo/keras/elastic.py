@@ -72,9 +72,18 @@ class KerasState(ObjectState):
         self._save_model()
         super().save()
 
+    def committed(self) -> Any:
+        return {**super().committed(), "model": self._saved_model, "optimizer": self._saved_opt}
+
+    def load_committed(self, value: Any) -> None:
+        self._saved_model, self._saved_opt = list(value["model"]), list(value["optimizer"])
+        super().load_committed(value)
+
     def restore(self) -> None:
         self.model.set_weights(self._saved_model)
         opt = self.optimizer
+        if opt is not None and not opt.built and self._saved_opt:  # a restarted job resumes a trained optimizer
+            _optimizer_variables(self.model, opt)
         if opt is not None and opt.built and len(self._saved_opt) == len(opt.variables):
             for var, value in zip(opt.variables, self._saved_opt):
                 var.assign(value)

@@ -22,7 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from horo.run.elastic_proto import local_aliases, recv_msg, send_msg
+from horo.run.elastic_proto import BLOB, local_aliases, recv_msg, send_msg
 
 __all__ = ["HostTable", "ElasticDriver", "parse_discovery_output", "run_discovery_script", "DiscoveryError"]
 
@@ -157,6 +157,11 @@ class ElasticDriver:
         self._told_remote = False
         self.fatal: str | None = None
         self.discovery_error: str | None = None
+        # The last committed elastic state rank 0 sent (pickled): a job restarted after a host was lost
+        # resumes from it. ``state_unsupported`` names a State class that cannot be sent.
+        self.committed: bytes | None = None
+        self.state_unsupported: str | None = None
+        self.world_reports = 0  # in the current MPI job: the first at start, then one per reset
         self._stop = threading.Event()
         self.server = _Server((bind, 0), _Handler)
         self.server.driver = self
@@ -231,6 +236,17 @@ class ElasticDriver:
         if op == "fatal":
             self.fatal = str(msg.get("message", "fatal error"))
             return {"ok": True}
+        if op == "commit":
+            with self.table.lock:
+                if isinstance(msg.get(BLOB), bytes):
+                    self.committed = msg[BLOB]
+                else:
+                    self.state_unsupported = str(msg.get("unsupported", "?"))
+            return {"ok": True}
+        if op == "resume":
+            with self.table.lock:
+                blob = self.committed
+            return {"ok": True, BLOB: blob} if blob is not None else {"ok": False}
         return {"error": f"unknown op {op!r}"}
 
     def _note_remote_growth(self) -> None:
@@ -244,9 +260,29 @@ class ElasticDriver:
             self.log(f"not growing onto {remote}: workers are added on this machine only; hosts listed at the "
                      "start get their workers then (docs/design-elastic.md, 'Several hosts')")
 
+    def lose_hosts(self, lost: list[str]) -> list[str]:
+        """The MPI job ended because it lost whole hosts (``lost``: MPI host names): record their workers as
+        failed, exclude those hosts, and forget the old job's world. Returns the logical hosts excluded."""
+        with self.table.lock:
+            logical = {h for h in lost if h in self.table.hosts}
+            dead = [(real, pid, host) for (real, pid), host in self.members.items() if real in lost or host in lost]
+            logical.update(host for _real, _pid, host in dead)
+            for _real, pid, host in dead:
+                self.failures.append((time.time(), host, pid))
+            for host in sorted(logical):
+                wait = self.table.exclude(host)
+                until = "for the rest of the job" if wait is None else f"for {wait:.0f} s"
+                self.log(f"host {host} was lost with its {sum(1 for d in dead if d[2] == host)} worker(s); "
+                         f"{host} is excluded {until}")
+            self.members = {}
+            self.table.in_use = {}
+            self.world_reports = 0
+        return sorted(logical)
+
     def _world(self, members: list[list[Any]]) -> None:
         now = {(str(real), int(pid)): str(host) for host, real, pid in members}
         with self.table.lock:
+            self.world_reports += 1
             if self.members:
                 for (real, pid), host in self.members.items():
                     if (real, pid) not in now:

@@ -3,6 +3,10 @@
 The job is a single MPI job run with ULFM: a dead worker does not end it, the survivors shrink the world
 (``horo.elastic.run``) and new workers are spawned into it. mpiexec then exits 0 even though workers were
 killed, so hororun keeps its own record (the driver's) and prints it at the end.
+
+A whole host lost (its Open MPI daemon gone) ends the MPI job: Open MPI 5 cannot recover from that. When
+the job spans hosts, rank 0 therefore sends every commit to the driver, and hororun starts a new MPI job
+on the hosts that are left, which resumes from that commit (docs/design-elastic.md, "Several hosts").
 """
 
 from __future__ import annotations
@@ -32,6 +36,69 @@ __all__ = ["run_elastic"]
 def _fail(message: str, code: int = 1) -> int:
     print(f"hororun: error: {message}", file=sys.stderr, flush=True)
     return code
+
+
+def _why_not_restart(driver: ElasticDriver, rc: int, lost: list[str]) -> str | None:
+    """None when the job that just ended should start again without the hosts it lost; else why not."""
+    if rc == 0 or not lost:
+        return "the job did not lose a host"
+    if driver.fatal:
+        return driver.fatal
+    if driver.state_unsupported:
+        return (f"its elastic state ({driver.state_unsupported}) cannot be sent to hororun, so its committed "
+                "state would be lost (docs/design-elastic.md, 'Several hosts')")
+    return None
+
+
+def _launch(ns: argparse.Namespace, mpiexec: str, base_env: dict[str, str], genv: dict[str, str],
+            ssh_command: str | None, driver: ElasticDriver, first: dict[str, int], assignment: list[str],
+            resets: int, lost: list[str]) -> int:
+    """Run one MPI job of the elastic run; hosts whose daemon it lost are added to ``lost``."""
+    env_extra = driver.env(assignment)
+    if env_extra["HORO_ELASTIC_DRIVER"].startswith("0.0.0.0:"):
+        env_extra["HORO_ELASTIC_DRIVER"] = socket.gethostname() + env_extra["HORO_ELASTIC_DRIVER"][7:]
+    env_extra["HORO_ELASTIC_TIMEOUT"] = str(ns.elastic_timeout)
+    if ns.reset_limit is not None:
+        env_extra["HORO_ELASTIC_RESET_LIMIT"] = str(ns.reset_limit)
+    if any_remote(first):
+        env_extra["HORO_ELASTIC_KEEP_STATE"] = "1"  # rank 0 sends each commit here: a lost host ends the MPI job
+    if resets:
+        env_extra["HORO_ELASTIC_RESUME"] = "1"
+        env_extra["HORO_ELASTIC_RESET_BASE"] = str(resets)
+    env = {**base_env, **env_extra}
+    hosts = mpi_hosts(driver.table.usable() or first, ns.max_np)
+    cmd = [mpiexec, "--with-ft", "ulfm", "-np", str(len(assignment))]
+    if not any_remote(first) or len(assignment) > sum(s for _h, s in hosts):
+        # Only when needed across hosts: with it, Open MPI 5 puts every rank on the first host.
+        cmd.append("--oversubscribe")
+    if hasattr(os, "geteuid") and os.geteuid() == 0:
+        cmd.append("--allow-run-as-root")
+    cmd += ["-H", ",".join(f"{h}:{s}" for h, s in hosts)]
+    cmd += openmpi_remote_args(ssh_command, ns.network_interface or [])
+    if ns.tag_output:
+        cmd.append("--tag-output")
+    for name, value in {**genv, **env_extra}.items():
+        # The secret is forwarded by name from mpiexec's environment: a value on the command line is readable
+        # by every user of the machine through ps.
+        cmd += ["-x", name if name == "HORO_ELASTIC_SECRET" else f"{name}={value}"]
+    cmd += list(ns.command)
+    if ns.verbose:
+        print(f"hororun: elastic: workers on {assignment}", file=sys.stderr)
+        print(f"hororun: {shlex.join(cmd)}", file=sys.stderr, flush=True)
+    from horo.run import _first_rank_exit
+    from horo.run.launch import run_job
+
+    with tempfile.TemporaryDirectory(prefix="hororun-") as tmp:
+        env["HORORUN_STATUS_DIR"] = tmp
+        try:
+            rc = run_job(cmd, env, lost_hosts=lost)
+        except OSError as exc:
+            driver.fatal = f"cannot start {mpiexec}: {exc}"
+            return 127
+        rc = _first_rank_exit(tmp, rc)
+        if rc == 0 and any(Path(tmp).glob("exit.*")):
+            rc = 1
+    return rc
 
 
 def run_elastic(ns: argparse.Namespace, mpiexec: str, flavor: str, base_env: dict[str, str],
@@ -73,50 +140,35 @@ def run_elastic(ns: argparse.Namespace, mpiexec: str, flavor: str, base_env: dic
         driver.stop()
         return _fail(str(exc))
     driver.start()
-    env_extra = driver.env(assignment)
-    if env_extra["HORO_ELASTIC_DRIVER"].startswith("0.0.0.0:"):
-        env_extra["HORO_ELASTIC_DRIVER"] = socket.gethostname() + env_extra["HORO_ELASTIC_DRIVER"][7:]
-    env_extra["HORO_ELASTIC_TIMEOUT"] = str(ns.elastic_timeout)
-    if ns.reset_limit is not None:
-        env_extra["HORO_ELASTIC_RESET_LIMIT"] = str(ns.reset_limit)
-    env = {**base_env, **env_extra}
-    hosts = mpi_hosts(driver.table.usable() or first, ns.max_np)
-    cmd = [mpiexec, "--with-ft", "ulfm", "-np", str(len(assignment))]
-    if not any_remote(first) or len(assignment) > sum(s for _h, s in hosts):
-        # Only when needed across hosts: with it, Open MPI 5 puts every rank on the first host.
-        cmd.append("--oversubscribe")
-    if hasattr(os, "geteuid") and os.geteuid() == 0:
-        cmd.append("--allow-run-as-root")
-    cmd += ["-H", ",".join(f"{h}:{s}" for h, s in hosts)]
-    cmd += openmpi_remote_args(ssh_command, ns.network_interface or [])
-    if ns.tag_output:
-        cmd.append("--tag-output")
-    for name, value in {**genv, **env_extra}.items():
-        # The secret is forwarded by name from mpiexec's environment: a value on the command line is readable
-        # by every user of the machine through ps.
-        cmd += ["-x", name if name == "HORO_ELASTIC_SECRET" else f"{name}={value}"]
-    cmd += list(ns.command)
-    if ns.verbose:
-        print(f"hororun: elastic: workers on {assignment}", file=sys.stderr)
-        print(f"hororun: {shlex.join(cmd)}", file=sys.stderr, flush=True)
-    from horo.run import _first_rank_exit
-    from horo.run.launch import run_job
-
-    with tempfile.TemporaryDirectory(prefix="hororun-") as tmp:
-        env["HORORUN_STATUS_DIR"] = tmp
-        try:
-            rc = run_job(cmd, env)
-        except OSError as exc:
-            driver.stop()
-            return _fail(f"cannot start {mpiexec}: {exc}", 127)
-        finally:
-            driver.stop()
-        rc = _first_rank_exit(tmp, rc)
-        if rc == 0 and any(Path(tmp).glob("exit.*")):
-            rc = 1
+    resets = 0  # resets before the current MPI job (its workers continue the count)
+    try:
+        while True:
+            lost: list[str] = []
+            rc = _launch(ns, mpiexec, base_env, genv, ssh_command, driver, first, assignment, resets, lost)
+            why_not = _why_not_restart(driver, rc, lost)
+            if why_not is not None:
+                if lost and rc != 0:
+                    print(f"hororun: elastic: lost host(s) {', '.join(lost)}; not restarting: {why_not}",
+                          file=sys.stderr, flush=True)
+                break
+            resets += max(0, driver.world_reports - 1) + 1
+            excluded = driver.lose_hosts(lost)
+            if ns.reset_limit is not None and resets > ns.reset_limit:
+                driver.fatal = (f"the job was reset {resets} times, more than --reset-limit allows. Received: "
+                                f"reset_limit={ns.reset_limit}. HINT: raise --reset-limit.")
+                break
+            try:
+                assignment = driver.initial_assignment(len(assignment), ns.elastic_timeout)
+            except TimeoutError as exc:
+                driver.fatal = f"after losing {', '.join(excluded) or ', '.join(lost)}: {exc}"
+                break
+            print(f"hororun: elastic: restarting the job on {sorted(set(assignment))} "
+                  f"({len(assignment)} workers) from the last committed state", file=sys.stderr, flush=True)
+    finally:
+        driver.stop()
     if driver.failures:
-        lost = ", ".join(f"pid {pid} on {host}" for _t, host, pid in driver.failures)
-        print(f"hororun: elastic: {len(driver.failures)} worker(s) failed during the job: {lost}", file=sys.stderr)
+        names = ", ".join(f"pid {pid} on {host}" for _t, host, pid in driver.failures)
+        print(f"hororun: elastic: {len(driver.failures)} worker(s) failed during the job: {names}", file=sys.stderr)
     if driver.fatal:
         return _fail(driver.fatal)
     return rc

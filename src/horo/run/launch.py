@@ -145,6 +145,11 @@ _FAILURE = re.compile(
     rb"exited on signal|has exited due to process"
 )
 _HOST = re.compile(rb"(?:Remote host:\s*|on node\s+|on host\s+)([A-Za-z0-9_.\-]+)")
+# Open MPI 5 (PRRTE) when a host's daemon is gone, as measured on the test bed: "PRTE has lost communication
+# with a remote daemon" ... "Remote daemon: [prterun-...@0,2] on node node3", or "A daemon failed to report
+# back after being spawned" ... "Remote host: node3" (also for a daemon that died mid-job).
+_DAEMON_LOST = re.compile(rb"lost communication with a remote daemon|daemon failed to report back")
+_DAEMON_HOST = re.compile(rb"(?:Remote daemon:.*?on node\s+|Remote host:\s*)([A-Za-z0-9_.\-]+)")
 
 
 class JobWatch:
@@ -154,6 +159,8 @@ class JobWatch:
         self.sink = sink
         self.failed_at: float | None = None
         self.hosts: list[str] = []
+        self.daemon_lost = False
+        self._daemon_hosts: list[str] = []
 
     def feed(self, line: bytes) -> None:
         self.sink(line)
@@ -163,12 +170,25 @@ class JobWatch:
             host = m.group(1).decode(errors="replace").rstrip(".")
             if host not in self.hosts:
                 self.hosts.append(host)
+        if _DAEMON_LOST.search(line):
+            self.daemon_lost = True
+        for m in _DAEMON_HOST.finditer(line):
+            host = m.group(1).decode(errors="replace").rstrip(".")
+            if host not in self._daemon_hosts:
+                self._daemon_hosts.append(host)
+
+    @property
+    def lost(self) -> list[str]:
+        """Hosts whose launcher daemon the job lost (named in the launcher's report of that)."""
+        return list(self._daemon_hosts) if self.daemon_lost else []
 
     def merge(self, other: JobWatch) -> None:
         """Take in what ``other`` (the stdout watch) saw."""
         if other.failed_at is not None and (self.failed_at is None or other.failed_at < self.failed_at):
             self.failed_at = other.failed_at
         self.hosts += [h for h in other.hosts if h not in self.hosts]
+        self.daemon_lost = self.daemon_lost or other.daemon_lost
+        self._daemon_hosts += [h for h in other._daemon_hosts if h not in self._daemon_hosts]  # noqa: SLF001
 
     def pump(self, stream: Any) -> None:
         for line in iter(stream.readline, b""):
@@ -191,7 +211,8 @@ def _to_stderr(line: bytes) -> None:
         pass
 
 
-def run_job(cmd: list[str], env: dict[str, str], grace: float = 5.0, teardown: float = 10.0) -> int:
+def run_job(cmd: list[str], env: dict[str, str], grace: float = 5.0, teardown: float = 10.0,
+            lost_hosts: list[str] | None = None) -> int:
     """Run ``cmd`` (an mpiexec line) to completion and return its exit status.
 
     mpiexec gets a session of its own, so a terminal's Ctrl-C reaches only hororun, which forwards
@@ -204,6 +225,8 @@ def run_job(cmd: list[str], env: dict[str, str], grace: float = 5.0, teardown: f
     never answers its kill order), and a failure is never reported as status 0.
 
     Children this process already had (when ``main`` is called from a bigger program) are left alone.
+    ``lost_hosts``, when given, receives the hosts whose launcher daemon the job lost (elastic mode restarts
+    the job without them).
     """
     prctl = _prctl()
     if prctl is not None:
@@ -264,8 +287,12 @@ def run_job(cmd: list[str], env: dict[str, str], grace: float = 5.0, teardown: f
         for reader in readers:
             reader.join(timeout=2.0)
         watch.merge(out_watch)
+        if lost_hosts is not None:
+            lost_hosts.extend(watch.lost)
     rc = rc if rc >= 0 else 128 - rc
     if watch.failed_at is not None and (rc == 0 or killed_stuck):
+        if lost_hosts is not None and watch.lost:  # the elastic caller restarts without them, or says why not
+            return rc if rc not in (0, -9, 137) else 1
         hosts = f" (hosts in mpiexec's messages: {', '.join(watch.hosts)})" if watch.hosts else ""
         why = (f"mpiexec had not ended the job {teardown:g} s after it reported a failure, so hororun killed it"
                if killed_stuck else "mpiexec exited 0 although it reported a failure")

@@ -53,6 +53,13 @@ class TensorFlowState(ObjectState):
         self._save_vars()
         super().save()
 
+    def committed(self) -> Any:
+        return {**super().committed(), "variables": self._saved_vars}
+
+    def load_committed(self, value: Any) -> None:
+        self._saved_vars = list(value["variables"])
+        super().load_committed(value)
+
     def restore(self) -> None:
         for var, value in zip(self.variables, self._saved_vars):
             var.assign(value)

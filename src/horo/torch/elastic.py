@@ -154,6 +154,14 @@ class TorchState(ObjectState):
             h.restore()
         super().restore()
 
+    def committed(self) -> Any:
+        return {**super().committed(), "torch": {name: h._saved for name, h in self._handlers.items()}}
+
+    def load_committed(self, value: Any) -> None:
+        for name, h in self._handlers.items():
+            h._saved = value["torch"][name]
+        super().load_committed(value)
+
     def sync(self) -> None:
         for h in self._handlers.values():
             h.sync()
