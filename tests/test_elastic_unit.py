@@ -227,4 +227,5 @@ def test_torch_state_round_trips_its_commit_through_pickle():
     assert other.epoch == 4
     for k, v in model2.state_dict().items():
         assert torch.equal(v, committed[k]), k
-    assert torch.equal(opt2.state_dict()["state"][0]["momentum_buffer"], opt.state_dict()["state"][0]["momentum_buffer"])
+    momentum = [o.state_dict()["state"][0]["momentum_buffer"] for o in (opt, opt2)]
+    assert torch.equal(*momentum)
