@@ -17,7 +17,7 @@ from ..run.elastic_proto import BLOB, local_aliases, recv_msg, send_msg
 
 __all__ = ["enabled", "start", "growth_available", "free_slots", "claim_slots", "hosts_left", "report_world",
            "report_fatal", "mpi_host", "set_new_hosts", "my_host", "keeps_state", "keep_state",
-           "committed_state"]
+           "wait_kept", "committed_state"]
 
 _lock = threading.Lock()
 _poll: dict[str, Any] = {"free": 0, "hosts": [], "thread": None}
@@ -143,12 +143,58 @@ def keeps_state() -> bool:
     return enabled() and os.environ.get("HORO_ELASTIC_KEEP_STATE") == "1"
 
 
-def keep_state(blob: bytes | None, unsupported: str = "") -> None:
-    """Rank 0, at each commit: hand the pickled committed state to the driver, before ``commit()`` returns.
+_keeper: dict[str, Any] = {"thread": None, "pending": None, "busy": False}
+_keeper_cv = threading.Condition()
 
-    ``blob`` None: the state cannot be pickled (``unsupported`` names its class); the driver then does not
-    restart the job after a lost host, since the commit would be lost.
+
+def keep_state(value: Any, unsupported: str = "") -> None:
+    """Rank 0, at each commit: have ``value`` (``State.committed()``) pickled and sent to the driver.
+
+    A background thread does it, so training does not wait: a 134 MB state took 0.6 s (README). Newest
+    wins: a commit made while an earlier one is still being sent replaces any that has not started, so the
+    driver always holds a whole commit, the newest one or, while a send is under way, the one before it.
+    ``value`` must not be changed in place by later saves (the states here replace their copies).
+    ``unsupported`` instead names a state class without ``committed()``: the driver then does not restart
+    the job after a lost host, since the commit would be lost.
     """
+    if unsupported:
+        _send_commit(None, unsupported)
+        return
+    with _keeper_cv:
+        _keeper["pending"] = (value,)
+        if _keeper["thread"] is None:
+            _keeper["thread"] = threading.Thread(target=_keeper_loop, name="horo-elastic-keep", daemon=True)
+            _keeper["thread"].start()
+        _keeper_cv.notify()
+
+
+def _keeper_loop() -> None:
+    import pickle
+
+    while True:
+        with _keeper_cv:
+            while _keeper["pending"] is None:
+                _keeper_cv.wait()
+            (value,), _keeper["pending"], _keeper["busy"] = _keeper["pending"], None, True
+        try:
+            _send_commit(pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL))
+        finally:
+            with _keeper_cv:
+                _keeper["busy"] = False
+                _keeper_cv.notify_all()
+
+
+def wait_kept(timeout: float = 60.0) -> bool:
+    """Wait until no commit is waiting or being sent (tests and measurements); False on timeout."""
+    deadline = time.monotonic() + timeout
+    with _keeper_cv:
+        while _keeper["pending"] is not None or _keeper["busy"]:
+            if not _keeper_cv.wait(max(0.0, deadline - time.monotonic())):
+                return False
+    return True
+
+
+def _send_commit(blob: bytes | None, unsupported: str = "") -> None:
     msg: dict[str, Any] = {"op": "commit"}
     if blob is None:
         msg["unsupported"] = unsupported

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import copy
-import pickle
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -49,8 +48,8 @@ class State:
     def commit(self) -> None:
         """Save the state (a failure later rolls back to here), then check whether hosts were added.
 
-        In a job across hosts rank 0 also hands the saved state to hororun before returning: a lost host
-        ends the MPI job, and the job hororun starts next resumes from it.
+        In a job across hosts rank 0 also hands the saved state to hororun (sent in the background): a lost
+        host ends the MPI job, and the job hororun starts next resumes from the newest commit it received.
         """
         self.save()
         self._keep_at_driver()
@@ -76,7 +75,7 @@ class State:
                 self._told_unsupported = True
                 client.keep_state(None, type(self).__name__)
             return
-        client.keep_state(pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL))
+        client.keep_state(value)
 
     def check_host_updates(self) -> None:
         """Raise ``HostsUpdatedInterrupt`` on every rank when the launcher has new slots for workers.
