@@ -229,3 +229,30 @@ def test_torch_state_round_trips_its_commit_through_pickle():
         assert torch.equal(v, committed[k]), k
     momentum = [o.state_dict()["state"][0]["momentum_buffer"] for o in (opt, opt2)]
     assert torch.equal(*momentum)
+
+
+def test_a_job_across_hosts_grows_onto_them_by_a_restart():
+    """Spawning onto another host fails in Open MPI 5: a job started across hosts is offered those slots as a
+    restart (its workers end at a commit, hororun starts it again with them); free local slots still spawn."""
+    from horo.elastic import client
+
+    driver = ElasticDriver(lambda: {"localhost": 1, "nodeb": 2}, 1, 4)
+    try:
+        driver.restart_growth = True
+        assert driver.initial_assignment(2, 5.0) == ["localhost", "nodeb"]
+        reply = driver.handle({"op": "poll"})
+        assert reply["free"] == 0 and reply["remote_free"] == 1
+        driver.handle({"op": "restart"})
+        assert driver.restart_requested
+        driver.forget_world()
+        assert not driver.restart_requested and driver.table.in_use == {}
+    finally:
+        driver.server.server_close()
+    saved = dict(client._poll)  # noqa: SLF001
+    try:
+        for free, remote, max_np, size, kind in ((0, 1, 3, 2, 2), (0, 1, 3, 3, 0), (1, 1, 3, 2, 1), (0, 0, 3, 2, 0)):
+            client._poll.update(free=free, remote_free=remote, max_np=max_np)  # noqa: SLF001
+            assert client.growth_available(size) == kind, (free, remote, max_np, size)
+    finally:
+        client._poll.clear()  # noqa: SLF001
+        client._poll.update(saved)  # noqa: SLF001

@@ -2,12 +2,14 @@
 
 Environment: ELASTIC_OUT (folder for per-process results), ELASTIC_KILLS ("epoch:batch:rank:reset", comma
 separated: the process that has this rank, at this batch, while in its reset number ``reset``, SIGKILLs
-itself), ELASTIC_GROW ("epoch:batch:FILE:TEXT": rank 0 writes TEXT into the discovery FILE there), EPOCHS.
+itself), ELASTIC_GROW ("epoch:batch:FILE:TEXT": rank 0 writes TEXT into the discovery FILE there), EPOCHS,
+BATCHES, STEP_SLEEP; PRINT_STEPS=1: rank 0 prints "STEP epoch batch size checksum" before each step.
 """
 
 import json
 import os
 import signal
+import socket
 import time
 
 import torch
@@ -25,6 +27,7 @@ BASE_LR = 0.01
 KILLS = [tuple(int(x) for x in k.split(":")) for k in os.environ.get("ELASTIC_KILLS", "").split(",") if k]
 GROW = os.environ.get("ELASTIC_GROW", "")
 STEP_SLEEP = float(os.environ.get("STEP_SLEEP", "0"))
+PRINT_STEPS = os.environ.get("PRINT_STEPS") == "1"
 
 g = torch.Generator().manual_seed(0)
 X = torch.randn(BATCHES * 8, 16, generator=g)
@@ -59,6 +62,8 @@ def train(state):
                     with open(path, "w") as f:
                         f.write(text.replace("\\n", "\n"))
             log["steps"].append([state.epoch, b, hvd.size(), checksum()])
+            if PRINT_STEPS and hvd.rank() == 0:
+                print("STEP", *log["steps"][-1], flush=True)
             lo = (b * 8 + hvd.rank()) % len(X)
             xb, yb = X[lo:lo + 4], Y[lo:lo + 4]
             optimizer.zero_grad()
@@ -77,5 +82,5 @@ state.register_reset_callbacks([on_state_reset])
 final = train(state)
 log.update(rank=hvd.rank(), size=hvd.size(), final=final, lr=optimizer.param_groups[0]["lr"],
            weights=[p.detach().tolist() for p in model.parameters()])
-with open(os.path.join(OUT, f"result.{os.getpid()}.json"), "w") as f:
+with open(os.path.join(OUT, f"result.{socket.gethostname()}.{os.getpid()}.json"), "w") as f:
     json.dump(log, f)

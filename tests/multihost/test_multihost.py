@@ -304,6 +304,75 @@ def test_elastic_restarts_without_a_lost_host_from_the_last_commit(bed, tmp_path
         assert r["resets"] == [[2, r["rank"], 1]]
 
 
+def test_elastic_torch_job_resumes_its_model_after_a_lost_host(bed, tmp_path):
+    """Seed 004's structure (TorchState with a model and a DistributedOptimizer, a reset callback that scales
+    the learning rate) across 3 hosts; node3 dies whole. The restarted job's first step starts from exactly
+    the model the lost job had at that step, and ends with equal weights and the 2-worker learning rate."""
+    out_dir = tmp_path / "out"
+    out_dir.mkdir()
+    proc, log = _start_loop(bed, tmp_path,
+                            {"ELASTIC_OUT": str(out_dir), "EPOCHS": "2", "BATCHES": "40", "STEP_SLEEP": "0.1",
+                             "PRINT_STEPS": "1", "OMP_NUM_THREADS": "1"},
+                            ["-np", "3", "--min-np", "2", "--max-np", "3", "-H", "node1:1,node2:1,node3:1",
+                             sys.executable, str(REPO / "tests" / "elastic_apps" / "torch_train.py")])
+    _wait_for(log, "world now has 3 worker(s)", limit=120)
+    time.sleep(2.0)
+    assert kill_host(bed, "node3")
+    rc, out, _ = _finish(proc, log, limit=180)
+    assert rc == 0, out[-6000:]
+    before, sep, after = out.partition("restarting the job on ['node1', 'node2']")
+    assert sep, out[-6000:]
+
+    def steps(text: str) -> list[tuple[int, int, int, float]]:
+        found = re.findall(r"^STEP (\d+) (\d+) (\d+) (\S+)$", text, flags=re.M)
+        return [(int(e), int(b), int(n), float(c)) for e, b, n, c in found]
+
+    old, new = steps(before), steps(after)
+    assert old and new and {n for *_, n, _c in old} == {3} and {n for *_, n, _c in new} == {2}, out[-6000:]
+    first = new[0]
+    assert first[:2] != (0, 0), "the restarted job began at the start: the committed model was lost"
+    seen = {(e, b): c for e, b, _n, c in old}
+    assert (first[0], first[1]) in seen, (first, old[-3:])
+    assert first[3] == seen[(first[0], first[1])], "the restarted model differs from the committed one"
+    assert new[-1][:2] == (1, 39)
+    results = [json.loads(p.read_text()) for p in sorted(out_dir.glob("result.*.json"))]
+    assert len(results) == 2
+    assert results[0]["weights"] == results[1]["weights"]
+    assert {r["lr"] for r in results} == {0.01 * 2}  # the reset callback ran in the restarted job
+
+
+def test_elastic_grows_onto_another_host_by_restarting(bed, tmp_path):
+    """Host discovery adds node3 at step 20 of a 2-host job. Open MPI 5 cannot spawn there, so the workers end
+    together at a commit and hororun starts the job again on 3 hosts, from that commit: no step is lost or
+    done twice, and the committed count goes on (docs/design-elastic.md, "Several hosts")."""
+    out_dir = tmp_path / "out"
+    out_dir.mkdir()
+    hosts = tmp_path / "hosts.txt"
+    hosts.write_text("node1:1\nnode2:1\n")
+    discover = tmp_path / "discover.sh"
+    discover.write_text(f"#!/bin/sh\ncat {hosts}\n")
+    discover.chmod(0o755)
+    steps = 150
+    rc, out, _ = hororun(bed, ["-np", "2", "--min-np", "2", "--max-np", "3", "--host-discovery-script", str(discover),
+                               sys.executable, str(REPO / "tests" / "elastic_apps" / "numpy_train.py")],
+                         timeout=150, env_extra={"ELASTIC_OUT": str(out_dir), "STEPS": str(steps), "STEP_SLEEP": "0.05",
+                                                 "ELASTIC_GROW": f"20:{hosts}:node1:1\\nnode2:1\\nnode3:1\\n",
+                                                 "OMP_NUM_THREADS": "1"})
+    assert rc == 0, out[-6000:]
+    assert "restarting the job on ['node1', 'node2', 'node3'] (3 workers) from the last committed state, to add hosts" \
+        in out, out[-6000:]
+    assert "failed during the job" not in out, out[-6000:]
+    results = [json.loads(p.read_text()) for p in sorted(out_dir.glob("result.*.json"))]
+    assert len(results) == 3, out[-6000:]  # the first job's workers ended at the commit: they write nothing
+    first = results[0]["steps"][0][0]
+    assert first > 20, "the restarted job did not resume from the commit it ended at"
+    for r in results:
+        assert [s[0] for s in r["steps"]] == list(range(first, steps)) and {s[1] for s in r["steps"]} == {3}
+        assert r["total"] == 2 * first + 3 * (steps - first), (r["total"], first)
+        assert r["weights"] == results[0]["weights"]
+        assert r["resets"] == [[3, r["rank"], 1]]
+
+
 def test_elastic_job_ends_clearly_when_a_lost_host_leaves_too_few(bed, tmp_path):
     """The same loss with --min-np 3: no restart is possible, so the job ends non-zero soon after
     --elastic-timeout, naming node3, and never hangs."""

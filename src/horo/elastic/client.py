@@ -16,7 +16,7 @@ from .. import core
 from ..run.elastic_proto import BLOB, local_aliases, recv_msg, send_msg
 
 __all__ = ["enabled", "start", "growth_available", "free_slots", "claim_slots", "hosts_left", "report_world",
-           "report_fatal", "mpi_host", "set_new_hosts", "my_host", "keeps_state", "keep_state",
+           "report_fatal", "mpi_host", "set_new_hosts", "my_host", "keeps_state", "keep_state", "request_restart",
            "wait_kept", "committed_state"]
 
 _lock = threading.Lock()
@@ -62,6 +62,7 @@ def _poller() -> None:
                 _poll["free"] = int(reply.get("free", 0))
                 _poll["hosts"] = list(reply.get("hosts", []))
                 _poll["max_np"] = int(reply.get("max_np", 0))
+                _poll["remote_free"] = int(reply.get("remote_free", 0))
         except (OSError, ValueError):
             pass  # the driver is gone (job ending) or busy: keep the last answer
         time.sleep(1.0)
@@ -82,11 +83,21 @@ def free_slots() -> int:
         return int(_poll["free"])
 
 
-def growth_available(size: int) -> bool:
-    """Whether rank 0 should grow the world now (free slots and room under --max-np)."""
+def growth_available(size: int) -> int:
+    """Rank 0: how the world should grow now. 0: not (no free slot, or at --max-np); 1: spawn workers on
+    this machine's free slots; 2: free slots on other hosts only, so end at this commit and let hororun
+    start the job again with them."""
     with _lock:
         free, max_np = int(_poll["free"]), int(_poll.get("max_np", 0) or 0)
-    return free > 0 and (max_np == 0 or size < max_np)
+        remote = int(_poll.get("remote_free", 0))
+    if max_np and size >= max_np:
+        return 0
+    return 1 if free > 0 else 2 if remote > 0 else 0
+
+
+def request_restart() -> None:
+    """Rank 0, after its last commit reached hororun: the workers now end, to be started again with more hosts."""
+    _request({"op": "restart"})
 
 
 def hosts_left() -> str:

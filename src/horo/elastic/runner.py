@@ -36,7 +36,7 @@ from ..core.state import state as rt
 from . import world
 from .errors import ElasticError, HostsUpdatedInterrupt
 
-__all__ = ["run", "host_update_pending", "reset_count"]
+__all__ = ["run", "host_update_pending", "end_for_restart", "reset_count"]
 
 F = TypeVar("F", bound=Callable[..., Any])
 # A job hororun restarted after a lost host continues the count (HORO_ELASTIC_RESET_BASE).
@@ -59,16 +59,40 @@ def _log(msg: str) -> None:
         sys.stderr.flush()
 
 
-def host_update_pending() -> bool:
-    """True on every rank when rank 0's driver client reports free slots for new workers (collective)."""
+def host_update_pending() -> int:
+    """Collective: how the world grows at this commit, as rank 0's driver client says (``growth_available``)."""
     from . import client
 
     if not client.enabled():
-        return False
+        return 0
     flag = np.zeros(1, dtype=np.int64)
     if core.rank() == 0:
-        flag[0] = int(client.growth_available(core.size()))
-    return bool(core.broadcast(flag, 0, name="horo.elastic.host_updates")[0])
+        flag[0] = client.growth_available(core.size())
+    return int(core.broadcast(flag, 0, name="horo.elastic.host_updates")[0])
+
+
+def end_for_restart() -> None:
+    """Collective, at a commit, when new slots are on other hosts only: end every worker cleanly; hororun
+    then starts the job again with them, from this commit (Open MPI 5 cannot spawn onto another host).
+
+    Rank 0 first waits until this commit has reached hororun, and tells it; every rank then raises
+    ``SystemExit(0)``, which leaves the training function and the script (code after ``train(state)`` does
+    not run: the job is not over).
+    """
+    from . import client
+
+    ok = np.zeros(1, dtype=np.int64)
+    if core.rank() == 0:
+        try:
+            if client.wait_kept():
+                client.request_restart()
+                ok[0] = 1
+        except (OSError, ValueError) as exc:
+            _log(f"rank 0: cannot hand over for a restart with the new hosts ({exc}); training goes on")
+    if not core.broadcast(ok, 0, name="horo.elastic.restart")[0]:
+        return
+    _log(f"rank {core.rank()}: ending at this commit; hororun starts the job again with the new hosts")
+    raise SystemExit(0)
 
 
 def _check_reset_limit() -> None:

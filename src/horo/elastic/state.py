@@ -81,12 +81,16 @@ class State:
         """Raise ``HostsUpdatedInterrupt`` on every rank when the launcher has new slots for workers.
 
         Rank 0 learns it from hororun's driver (polled in the background); the answer is broadcast, so all
-        ranks raise together, at the same commit.
+        ranks act together, at the same commit. Slots on other hosts only, in a job across hosts: the
+        workers end here instead and hororun starts the job again with them (``runner.end_for_restart``).
         """
-        from .runner import host_update_pending
+        from .runner import end_for_restart, host_update_pending
 
-        if host_update_pending():
+        kind = host_update_pending()
+        if kind == 1:
             raise HostsUpdatedInterrupt(skip_sync=False)
+        if kind == 2:
+            end_for_restart()
 
     def save(self) -> None:
         raise NotImplementedError

@@ -162,6 +162,10 @@ class ElasticDriver:
         self.committed: bytes | None = None
         self.state_unsupported: str | None = None
         self.world_reports = 0  # in the current MPI job: the first at start, then one per reset
+        # A job across hosts grows onto another host by ending at a commit and being started again with it
+        # (Spawn there does not work in Open MPI 5); ``restart_requested`` is rank 0's word that it ended so.
+        self.restart_growth = False
+        self.restart_requested = False
         self._stop = threading.Event()
         self.server = _Server((bind, 0), _Handler)
         self.server.driver = self
@@ -222,7 +226,9 @@ class ElasticDriver:
         if op == "poll":
             usable = self.table.usable()
             self._note_remote_growth()
-            return {"free": len(self.table.free_slots(local_only=True)), "max_np": self.max_np,
+            free = self.table.free_slots(local_only=True)
+            remote = len(self.table.free_slots()) - len(free) if self.restart_growth else 0
+            return {"free": len(free), "remote_free": remote, "max_np": self.max_np,
                     "hosts": [f"{h}:{s}" for h, s in usable.items()]}
         if op == "claim":
             room = self.max_np - int(msg.get("size", 0))
@@ -243,6 +249,10 @@ class ElasticDriver:
                 else:
                     self.state_unsupported = str(msg.get("unsupported", "?"))
             return {"ok": True}
+        if op == "restart":
+            self.restart_requested = True
+            self.log("the workers ended at a commit to be started again with the new host(s)")
+            return {"ok": True}
         if op == "resume":
             with self.table.lock:
                 blob = self.committed
@@ -250,15 +260,24 @@ class ElasticDriver:
         return {"error": f"unknown op {op!r}"}
 
     def _note_remote_growth(self) -> None:
-        # Growth spawns workers with MPI_Comm_spawn. On another host that does not work yet (measured on the
+        # Growth spawns workers with MPI_Comm_spawn. On another host that does not work (measured on the
         # test bed): the worker gets none of mpiexec's -x environment, the job then hangs in MPI_Finalize at
-        # its end, and a host outside the allocation is refused, or its new daemon lost. So the world grows
-        # on this machine only; workers on other hosts are placed at the start (docs/design-elastic.md).
+        # its end, and a host outside the allocation is refused, or its new daemon lost. A job started across
+        # hosts grows onto them by a restart instead (``restart_growth``); a job started on this machine only
+        # grows here (its driver listens on loopback), and says once which hosts it leaves out.
         remote = sorted(set(self.table.free_slots()) - set(self.table.free_slots(local_only=True)))
-        if remote and not self._told_remote:
+        if remote and not self._told_remote and not self.restart_growth:
             self._told_remote = True
             self.log(f"not growing onto {remote}: workers are added on this machine only; hosts listed at the "
                      "start get their workers then (docs/design-elastic.md, 'Several hosts')")
+
+    def forget_world(self) -> None:
+        """Between two MPI jobs of one elastic run: the old job's workers are gone, none of them failed."""
+        with self.table.lock:
+            self.members = {}
+            self.table.in_use = {}
+            self.world_reports = 0
+            self.restart_requested = False
 
     def lose_hosts(self, lost: list[str]) -> list[str]:
         """The MPI job ended because it lost whole hosts (``lost``: MPI host names): record their workers as
@@ -274,9 +293,7 @@ class ElasticDriver:
                 until = "for the rest of the job" if wait is None else f"for {wait:.0f} s"
                 self.log(f"host {host} was lost with its {sum(1 for d in dead if d[2] == host)} worker(s); "
                          f"{host} is excluded {until}")
-            self.members = {}
-            self.table.in_use = {}
-            self.world_reports = 0
+        self.forget_world()
         return sorted(logical)
 
     def _world(self, members: list[list[Any]]) -> None:

@@ -6,7 +6,9 @@ killed, so hororun keeps its own record (the driver's) and prints it at the end.
 
 A whole host lost (its Open MPI daemon gone) ends the MPI job: Open MPI 5 cannot recover from that. When
 the job spans hosts, rank 0 therefore sends every commit to the driver, and hororun starts a new MPI job
-on the hosts that are left, which resumes from that commit (docs/design-elastic.md, "Several hosts").
+on the hosts that are left, which resumes from that commit. Growth onto another host works the same way:
+the workers end together at a commit and hororun starts the job again with the new hosts
+(docs/design-elastic.md, "Several hosts").
 """
 
 from __future__ import annotations
@@ -139,31 +141,38 @@ def run_elastic(ns: argparse.Namespace, mpiexec: str, flavor: str, base_env: dic
     except TimeoutError as exc:
         driver.stop()
         return _fail(str(exc))
+    driver.restart_growth = any_remote(first)
     driver.start()
     resets = 0  # resets before the current MPI job (its workers continue the count)
     try:
         while True:
             lost: list[str] = []
             rc = _launch(ns, mpiexec, base_env, genv, ssh_command, driver, first, assignment, resets, lost)
-            why_not = _why_not_restart(driver, rc, lost)
-            if why_not is not None:
-                if lost and rc != 0:
-                    print(f"hororun: elastic: lost host(s) {', '.join(lost)}; not restarting: {why_not}",
-                          file=sys.stderr, flush=True)
-                break
+            grow = rc == 0 and driver.restart_requested and not lost
+            if not grow:
+                why_not = _why_not_restart(driver, rc, lost)
+                if why_not is not None:
+                    if lost and rc != 0:
+                        print(f"hororun: elastic: lost host(s) {', '.join(lost)}; not restarting: {why_not}",
+                              file=sys.stderr, flush=True)
+                    break
             resets += max(0, driver.world_reports - 1) + 1
-            excluded = driver.lose_hosts(lost)
+            if grow:
+                driver.forget_world()
+            excluded = [] if grow else driver.lose_hosts(lost)
             if ns.reset_limit is not None and resets > ns.reset_limit:
                 driver.fatal = (f"the job was reset {resets} times, more than --reset-limit allows. Received: "
                                 f"reset_limit={ns.reset_limit}. HINT: raise --reset-limit.")
                 break
             try:
-                assignment = driver.initial_assignment(len(assignment), ns.elastic_timeout)
+                # Growth takes every slot up to --max-np; after a loss, as many workers as before if possible.
+                assignment = driver.initial_assignment(ns.max_np if grow else len(assignment), ns.elastic_timeout)
             except TimeoutError as exc:
                 driver.fatal = f"after losing {', '.join(excluded) or ', '.join(lost)}: {exc}"
                 break
-            print(f"hororun: elastic: restarting the job on {sorted(set(assignment))} "
-                  f"({len(assignment)} workers) from the last committed state", file=sys.stderr, flush=True)
+            why = "to add hosts" if grow else f"without {', '.join(excluded) or ', '.join(lost)}"
+            print(f"hororun: elastic: restarting the job on {sorted(set(assignment))} ({len(assignment)} workers) "
+                  f"from the last committed state, {why}", file=sys.stderr, flush=True)
     finally:
         driver.stop()
     if driver.failures:
