@@ -256,3 +256,34 @@ def test_a_job_across_hosts_grows_onto_them_by_a_restart():
     finally:
         client._poll.clear()  # noqa: SLF001
         client._poll.update(saved)  # noqa: SLF001
+
+
+def test_keras_state_round_trips_its_commit_into_a_fresh_model():
+    """A restarted job's model and optimizer are new (the optimizer not even built): the commit fills both."""
+    import pickle
+
+    keras = pytest.importorskip("keras")
+    from horo.keras.elastic import KerasState
+
+    def make(seed: int):
+        keras.utils.set_random_seed(seed)
+        model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
+        model.compile(optimizer=keras.optimizers.SGD(0.1, momentum=0.9), loss="mse")
+        return model
+
+    model = make(0)
+    model.fit(np.ones((4, 3)), np.zeros((4, 2)), epochs=1, verbose=0)  # builds the optimizer's slots
+    state = KerasState(model, epoch=2)
+    state.commit()
+    blob = pickle.dumps(state.committed())
+    fresh = make(1)
+    assert not fresh.optimizer.built
+    other = KerasState(fresh, epoch=0)
+    other.load_committed(pickle.loads(blob))
+    other.restore()
+    assert other.epoch == 2
+    for a, b in zip(fresh.get_weights(), model.get_weights()):
+        np.testing.assert_array_equal(a, b)
+    assert fresh.optimizer.built
+    for a, b in zip(fresh.optimizer.variables, model.optimizer.variables):
+        np.testing.assert_array_equal(keras.ops.convert_to_numpy(a), keras.ops.convert_to_numpy(b))
