@@ -373,6 +373,30 @@ def test_elastic_grows_onto_another_host_by_restarting(bed, tmp_path):
         assert r["resets"] == [[3, r["rank"], 1]]
 
 
+def test_elastic_back_to_min_np_on_another_host_by_restarting(bed, tmp_path):
+    """--min-np 3: node2's worker dies, leaving 2. The free slot is on node3, where Open MPI 5 cannot spawn:
+    the survivors end at the commit they rolled back to, and hororun starts the job again on node1 x 2 and
+    node3 from it. The committed count comes out exact."""
+    out_dir = tmp_path / "out"
+    out_dir.mkdir()
+    steps = 60
+    rc, out, _ = hororun(bed, ["-np", "3", "--min-np", "3", "--max-np", "3", "-H", "node1:2,node2:1,node3:1",
+                               sys.executable, str(REPO / "tests" / "elastic_apps" / "numpy_train.py")],
+                         timeout=150, env_extra={"ELASTIC_OUT": str(out_dir), "ELASTIC_KILLS": "10:2:0",
+                                                 "STEPS": str(steps), "STEP_SLEEP": "0.05", "OMP_NUM_THREADS": "1"})
+    assert rc == 0, out[-6000:]
+    assert "on host node2 failed; node2 is excluded" in out, out[-6000:]
+    assert "restarting the job on ['node1', 'node3'] (3 workers)" in out, out[-6000:]
+    results = [json.loads(p.read_text()) for p in sorted(out_dir.glob("result.*.json"))]
+    assert len(results) == 3, out[-6000:]
+    first = results[0]["steps"][0][0]
+    assert 5 <= first <= 10, first
+    for r in results:
+        assert [s[0] for s in r["steps"]] == list(range(first, steps)) and {s[1] for s in r["steps"]} == {3}
+        assert r["total"] == 3 * steps, r["total"]  # 3 workers at every committed step, before and after
+        assert r["weights"] == results[0]["weights"]
+
+
 def test_elastic_job_ends_clearly_when_a_lost_host_leaves_too_few(bed, tmp_path):
     """The same loss with --min-np 3: no restart is possible, so the job ends non-zero soon after
     --elastic-timeout, naming node3, and never hangs."""

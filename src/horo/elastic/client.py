@@ -78,9 +78,11 @@ def start() -> None:
     _poll["thread"] = t
 
 
-def free_slots() -> int:
+def free_slots(remote: bool = False) -> int:
+    """Free slots the driver last reported: on this machine, or (``remote``) with those on other hosts, which
+    only a restart can use."""
     with _lock:
-        return int(_poll["free"])
+        return int(_poll["free"]) + (int(_poll.get("remote_free", 0)) if remote else 0)
 
 
 def growth_available(size: int) -> int:

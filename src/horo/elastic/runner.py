@@ -162,7 +162,11 @@ def _after_failure() -> None:
 
 
 def _wait_for_min(min_np: int) -> None:
-    """Grow back to ``min_np`` within ``--elastic-timeout``, or fail naming the hosts that are left."""
+    """Grow back to ``min_np`` within ``--elastic-timeout``, or fail naming the hosts that are left.
+
+    Free slots on this machine: spawn there. Enough only with other hosts' (a job across hosts): end at the
+    commit just restored, for hororun to start the job again with them (``end_for_restart``).
+    """
     from . import client
 
     timeout = float(os.environ.get("HORO_ELASTIC_TIMEOUT", "600"))
@@ -170,11 +174,15 @@ def _wait_for_min(min_np: int) -> None:
     while True:
         flag = np.zeros(1, dtype=np.int64)
         if core.rank() == 0 and client.enabled():
-            flag[0] = int(client.free_slots() >= min_np - core.size())
-        if core.broadcast(flag, 0, name="horo.elastic.min_np")[0]:
+            need = min_np - core.size()
+            flag[0] = 1 if client.free_slots() >= need else 2 if client.free_slots(remote=True) >= need else 0
+        kind = core.broadcast(flag, 0, name="horo.elastic.min_np")[0]
+        if kind == 1:
             grow()
             if core.size() >= min_np:
                 return
+        elif kind == 2:
+            end_for_restart()
         if time.monotonic() >= deadline or not client.enabled():
             hosts = client.hosts_left() if client.enabled() else "unknown (no hororun elastic driver)"
             msg = (f"horo.elastic: only {core.size()} workers are left, fewer than --min-np={min_np}, for "
