@@ -246,6 +246,9 @@ def test_a_job_across_hosts_grows_onto_them_by_a_restart():
         assert driver.restart_requested
         driver.forget_world()
         assert not driver.restart_requested and driver.table.in_use == {}
+        driver.initial_assignment(2, 5.0)
+        driver.handle({"op": "commit", "unsupported": "MyState"})  # its commit could not be kept: no restart
+        assert driver.handle({"op": "poll"})["remote_free"] == 0
     finally:
         driver.server.server_close()
     saved = dict(client._poll)  # noqa: SLF001
@@ -287,3 +290,37 @@ def test_keras_state_round_trips_its_commit_into_a_fresh_model():
     assert fresh.optimizer.built
     for a, b in zip(fresh.optimizer.variables, model.optimizer.variables):
         np.testing.assert_array_equal(keras.ops.convert_to_numpy(a), keras.ops.convert_to_numpy(b))
+
+
+def test_rank_0_hands_its_commits_to_a_real_driver(monkeypatch):
+    """Over the signed socket, in the background: the driver ends up with the newest commit; a State without
+    ``committed()`` is named instead, so hororun will not restart from a commit it never had."""
+    import pickle
+
+    from horo.elastic import State, client
+
+    drv = ElasticDriver(lambda: {"localhost": 1}, 1, 1)
+    drv.start()
+    try:
+        monkeypatch.setenv("HORO_ELASTIC_DRIVER", drv.address)
+        monkeypatch.setenv("HORO_ELASTIC_SECRET", drv.key.hex())
+        monkeypatch.setenv("HORO_ELASTIC_KEEP_STATE", "1")
+        state = ObjectState(bcast_object=lambda obj, root, name=None: obj, get_rank=lambda: 0, step=0,
+                            w=np.zeros(1 << 20))
+        for step in range(1, 6):
+            state.step = step
+            state.save()
+            state._keep_at_driver()  # noqa: SLF001 - commit() without its host check (that needs a world)
+        assert client.wait_kept(30)
+        kept = pickle.loads(drv.committed)
+        assert kept["values"]["step"] == 5 and kept["values"]["w"].shape == (1 << 20,)
+
+        class Mine(State):
+            def save(self) -> None: ...
+            def restore(self) -> None: ...
+            def sync(self) -> None: ...
+
+        Mine(bcast_object=lambda obj, root, name=None: obj, get_rank=lambda: 0)._keep_at_driver()  # noqa: SLF001
+        assert drv.state_unsupported == "Mine"
+    finally:
+        drv.stop()

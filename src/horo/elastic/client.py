@@ -163,7 +163,8 @@ _keeper_cv = threading.Condition()
 def keep_state(value: Any, unsupported: str = "") -> None:
     """Rank 0, at each commit: have ``value`` (``State.committed()``) pickled and sent to the driver.
 
-    A background thread does it, so training does not wait: a 134 MB state took 0.6 s (README). Newest
+    A background thread does it, so training does not wait: a 134 MB state took 0.6 s in line
+    (docs/design-elastic.md). Newest
     wins: a commit made while an earlier one is still being sent replaces any that has not started, so the
     driver always holds a whole commit, the newest one or, while a send is under way, the one before it.
     ``value`` must not be changed in place by later saves (the states here replace their copies).

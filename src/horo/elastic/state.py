@@ -89,7 +89,7 @@ class State:
         kind = host_update_pending()
         if kind == 1:
             raise HostsUpdatedInterrupt(skip_sync=False)
-        if kind == 2:
+        if kind == 2 and not getattr(self, "_told_unsupported", False):
             end_for_restart()
 
     def save(self) -> None:

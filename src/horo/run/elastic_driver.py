@@ -227,7 +227,9 @@ class ElasticDriver:
             usable = self.table.usable()
             self._note_remote_growth()
             free = self.table.free_slots(local_only=True)
-            remote = len(self.table.free_slots()) - len(free) if self.restart_growth else 0
+            # A restart resumes from the commit kept here: not for a state that cannot be sent.
+            restartable = self.restart_growth and not self.state_unsupported
+            remote = len(self.table.free_slots()) - len(free) if restartable else 0
             return {"free": len(free), "remote_free": remote, "max_np": self.max_np,
                     "hosts": [f"{h}:{s}" for h, s in usable.items()]}
         if op == "claim":
