@@ -265,8 +265,8 @@ def test_host_killed_ends_the_job(bed, tmp_path):
     assert "FINISHED" not in out
 
 
-def _lose_node3(bed, tmp_path, steps: int, extra: list[str]):
-    """3 hosts x 1 elastic worker; once all run, node3 dies whole (its Open MPI daemon too)."""
+def _lose_host(bed, tmp_path, steps: int, extra: list[str], host: str = "node3"):
+    """3 hosts x 1 elastic worker; once all run, ``host`` dies whole (its Open MPI daemon too)."""
     out_dir = tmp_path / "out"
     out_dir.mkdir()
     proc, log = _start_loop(bed, tmp_path,
@@ -276,21 +276,23 @@ def _lose_node3(bed, tmp_path, steps: int, extra: list[str]):
                              sys.executable, str(REPO / "tests" / "elastic_apps" / "numpy_train.py")])
     _wait_for(log, "world now has 3 worker(s)")
     time.sleep(2.0)
-    assert kill_host(bed, "node3")
+    assert kill_host(bed, host)
     return proc, log, out_dir
 
 
-def test_elastic_restarts_without_a_lost_host_from_the_last_commit(bed, tmp_path):
-    """Open MPI 5 ends the MPI job when a whole host (its daemon) is lost. hororun starts a new job on node1
-    and node2, which resumes from the last commit rank 0 handed it: every step is done once, none is lost
+@pytest.mark.parametrize("lost", ["node3", "node1"])  # node1 holds rank 0, which sends the commits
+def test_elastic_restarts_without_a_lost_host_from_the_last_commit(bed, tmp_path, lost):
+    """Open MPI 5 ends the MPI job when a whole host (its daemon) is lost. hororun starts a new job on the
+    other two, which resumes from the last commit rank 0 handed it: every step is done once, none is lost
     (docs/design-elastic.md, "Several hosts")."""
     steps = 200
-    proc, log, out_dir = _lose_node3(bed, tmp_path, steps, ["--min-np", "2"])
+    proc, log, out_dir = _lose_host(bed, tmp_path, steps, ["--min-np", "2"], host=lost)
     rc, out, took = _finish(proc, log, limit=120)
     tail = out.split("world now has 3 worker(s)", 1)[1]
+    left = [h for h in ("node1", "node2", "node3") if h != lost]
     assert rc == 0, out[-6000:]
-    assert "host node3 was lost with its 1 worker(s)" in tail and "restarting the job on ['node1', 'node2']" in tail
-    assert "failed during the job: pid" in tail and "on node3" in tail, tail[-3000:]
+    assert f"host {lost} was lost with its 1 worker(s)" in tail and f"restarting the job on {left}" in tail
+    assert "failed during the job: pid" in tail and f"on {lost}" in tail, tail[-3000:]
     results = [json.loads(p.read_text()) for p in sorted(out_dir.glob("result.*.json"))]
     assert len(results) == 2, out[-6000:]  # the first job's workers were ended with it: only the new ones write
     first = results[0]["steps"][0][0]
@@ -400,7 +402,7 @@ def test_elastic_back_to_min_np_on_another_host_by_restarting(bed, tmp_path):
 def test_elastic_job_ends_clearly_when_a_lost_host_leaves_too_few(bed, tmp_path):
     """The same loss with --min-np 3: no restart is possible, so the job ends non-zero soon after
     --elastic-timeout, naming node3, and never hangs."""
-    proc, log, out_dir = _lose_node3(bed, tmp_path, 400, ["--min-np", "3", "--elastic-timeout", "3"])
+    proc, log, out_dir = _lose_host(bed, tmp_path, 400, ["--min-np", "3", "--elastic-timeout", "3"])
     rc, out, took = _finish(proc, log, limit=60)
     tail = out.split("world now has 3 worker(s)", 1)[1]
     assert rc != 0, out[-6000:]
