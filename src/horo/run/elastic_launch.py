@@ -179,5 +179,5 @@ def run_elastic(ns: argparse.Namespace, mpiexec: str, flavor: str, base_env: dic
         names = ", ".join(f"pid {pid} on {host}" for _t, host, pid in driver.failures)
         print(f"hororun: elastic: {len(driver.failures)} worker(s) failed during the job: {names}", file=sys.stderr)
     if driver.fatal:
-        return _fail(driver.fatal)
+        return _fail(driver.fatal, 127 if rc == 127 else 1)  # 127: mpiexec could not be started
     return rc
