@@ -287,7 +287,7 @@ def test_elastic_restarts_without_a_lost_host_from_the_last_commit(bed, tmp_path
     (docs/design-elastic.md, "Several hosts")."""
     steps = 200
     proc, log, out_dir = _lose_host(bed, tmp_path, steps, ["--min-np", "2"], host=lost)
-    rc, out, took = _finish(proc, log, limit=120)
+    rc, out, _ = _finish(proc, log, limit=120)
     tail = out.split("world now has 3 worker(s)", 1)[1]
     left = [h for h in ("node1", "node2", "node3") if h != lost]
     assert rc == 0, out[-6000:]
