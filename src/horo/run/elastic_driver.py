@@ -273,6 +273,10 @@ class ElasticDriver:
             self.log(f"not growing onto {remote}: workers are added on this machine only; hosts listed at the "
                      "start get their workers then (docs/design-elastic.md, 'Several hosts')")
 
+    def _exclude(self, host: str, why: str) -> None:
+        wait = self.table.exclude(host)
+        self.log(f"{why}; {host} is excluded " + ("for the rest of the job" if wait is None else f"for {wait:.0f} s"))
+
     def forget_world(self) -> None:
         """Between two MPI jobs of one elastic run: the old job's workers are gone, none of them failed."""
         with self.table.lock:
@@ -291,10 +295,7 @@ class ElasticDriver:
             for _real, pid, host in dead:
                 self.failures.append((time.time(), host, pid))
             for host in sorted(logical):
-                wait = self.table.exclude(host)
-                until = "for the rest of the job" if wait is None else f"for {wait:.0f} s"
-                self.log(f"host {host} was lost with its {sum(1 for d in dead if d[2] == host)} worker(s); "
-                         f"{host} is excluded {until}")
+                self._exclude(host, f"host {host} was lost with its {sum(1 for d in dead if d[2] == host)} worker(s)")
         self.forget_world()
         return sorted(logical)
 
@@ -306,9 +307,7 @@ class ElasticDriver:
                 for (real, pid), host in self.members.items():
                     if (real, pid) not in now:
                         self.failures.append((time.time(), host, pid))
-                        wait = self.table.exclude(host)
-                        until = "for the rest of the job" if wait is None else f"for {wait:.0f} s"
-                        self.log(f"worker pid {pid} on host {host} failed; {host} is excluded {until}")
+                        self._exclude(host, f"worker pid {pid} on host {host} failed")
             self.members = now
             counts: dict[str, int] = {}
             for host in now.values():
