@@ -295,7 +295,7 @@ class ElasticDriver:
             for _real, pid, host in dead:
                 self.failures.append((time.time(), host, pid))
             for host in sorted(logical):
-                self._exclude(host, f"host {host} was lost with its {sum(1 for d in dead if d[2] == host)} worker(s)")
+                self._exclude(host, f"host {host} was lost (its Open MPI daemon too)")
         self.forget_world()
         return sorted(logical)
 
