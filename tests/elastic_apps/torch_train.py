@@ -61,6 +61,8 @@ def train(state):
                 if (int(e), int(bb)) == (state.epoch, b):
                     with open(path, "w") as f:
                         f.write(text.replace("\\n", "\n"))
+            if "first" not in log:  # the model this process starts from, and the checksum committed with it
+                log["first"] = [state.epoch, b, state.checksum, checksum()]
             log["steps"].append([state.epoch, b, hvd.size(), checksum()])
             if PRINT_STEPS and hvd.rank() == 0:
                 print("STEP", *log["steps"][-1], flush=True)
@@ -72,12 +74,13 @@ def train(state):
             optimizer.step()
             time.sleep(STEP_SLEEP)  # gives discovery (polled each second) time to see a new host
             state.batch = b + 1
+            state.checksum = checksum()
             state.commit()
         state.batch = 0
     return checksum()
 
 
-state = hvd.elastic.TorchState(model, optimizer, epoch=0, batch=0)
+state = hvd.elastic.TorchState(model, optimizer, epoch=0, batch=0, checksum=None)
 state.register_reset_callbacks([on_state_reset])
 final = train(state)
 log.update(rank=hvd.rank(), size=hvd.size(), final=final, lr=optimizer.param_groups[0]["lr"],
