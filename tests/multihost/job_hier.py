@@ -12,7 +12,8 @@ rank, size = horo.rank(), horo.size()
 rng = np.random.default_rng(1234 + rank)
 cases = []
 for dtype in (np.int32, np.int64, np.float32, np.float64):
-    for n in (1, 7, 1000, 300_000):  # 300k x 8 B > 8 x the 1 MiB chunk for 64-bit: the chunked path too
+    # 300k x 8 B > 8 x the 1 MiB chunk for 64-bit: the chunked path too; 100,003: an odd-sized last piece
+    for n in (1, 7, 1000, 100_003, 300_000):
         data = (rng.integers(-1000, 1000, n) if np.dtype(dtype).kind == "i" else rng.standard_normal(n)).astype(dtype)
         cases.append(data)
 
@@ -49,6 +50,12 @@ for k, (a, b) in enumerate(zip(flat * 2, hier + hier_pieces)):
         ok = a.shape == b.shape and np.allclose(a, b, rtol=1e-5, atol=1e-5)
     if not ok:
         bad.append(k)
+# Every rank must hold the very same bits (identical weights everywhere), not only values close to flat's.
+import hashlib  # noqa: E402
+
+digest = hashlib.sha256(b"".join(np.ascontiguousarray(x).tobytes() for x in hier + hier_pieces)).hexdigest()
+if len(set(horo.allgather_object(digest))) != 1:
+    bad.append("ranks differ")
 expected_rows = sum((r % 3) + 1 for r in range(size))
 ag = hier[-3]
 assert ag.shape == (expected_rows, 3) and ag[:, 0].tolist() == [r for r in range(size) for _ in range((r % 3) + 1)]
