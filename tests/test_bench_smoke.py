@@ -35,3 +35,12 @@ def test_keras_bench_runs_and_reports_every_variant(tmp_path: Path) -> None:
         assert 0 < summary[key] < 2, summary
     if plot:
         assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_hierarchical_bench_wire_floor_is_the_allreduce_bandwidth_bound() -> None:
+    from horo.bench.hierarchical import wire_floor
+
+    # 2 hosts: each link carries the whole set once each way; 97.5 MiB at 1 Gbit/s with 1514/1448 framing
+    assert wire_floor(102_228_128, 2, 1.0) == pytest.approx(102_228_128 * 8 / 1e9 * 1514 / 1448)
+    # 4 hosts: 2 x 3/4 of it; twice the rate halves the time
+    assert wire_floor(1000, 4, 2.0) == pytest.approx(wire_floor(1000, 2, 1.0) * 1.5 / 2)

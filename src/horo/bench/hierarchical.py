@@ -24,7 +24,18 @@ from horo.bench._util import busbw, env_summary, fmt_size, limit_threads, md_tab
 from horo.bench.fusion import resnet50_shapes
 from horo.core.comms import duplicate
 
-__all__ = ["main"]
+__all__ = ["main", "wire_floor"]
+
+_FRAME = 1514 / 1448  # bytes on the wire per payload byte: a full TCP segment with timestamps at MTU 1500
+
+
+def wire_floor(nbytes: int, hosts: int, link_gbit: float) -> float:
+    """Seconds any allreduce of ``nbytes`` needs on ``hosts`` hosts whose links each carry ``link_gbit``.
+
+    Every host must send (and receive) at least 2(H-1)/H of the data over its one link, whatever the
+    algorithm: its ranks' contribution out, the others' in.
+    """
+    return nbytes * 2 * (hosts - 1) / hosts * _FRAME * 8 / (link_gbit * 1e9)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -102,6 +113,12 @@ def main(argv: list[str]) -> int:
             gain = s["horo flat"] / s["horo hier"]
             print(f"- horo hier vs horo flat: {gain:.2f}x faster (target > 1 when hosts hold several ranks) "
                   f"{'PASS' if gain > 1 else 'FAIL'}")
+            if args.link_gbit:
+                floor = wire_floor(total, len(topo.hosts), args.link_gbit)
+                best = min(s.values())
+                print(f"- the wire's limit: {floor * 1e3:.0f} ms (each host's link must carry 2(H-1)/H of the set "
+                      f"each way, TCP/IP and Ethernet headers at MTU 1500 included); the fastest variant is at "
+                      f"{floor / best:.0%} of it, so no algorithm can be more than {best / floor:.2f}x faster")
         else:
             print("- hier vs flat: not meaningful here (one host, or one rank per host)")
     horo.shutdown()
