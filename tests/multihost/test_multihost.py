@@ -128,6 +128,17 @@ def test_topology(bed, layout):
     assert _topology(out) == _expected(layout), out[-6000:]
 
 
+def test_ranks_on_different_hosts_are_not_bound_to_one_core(bed):
+    # Every "host" sees all of this machine's cores, and Open MPI bound the first rank of each host to
+    # core 0: 2 hosts x 1 rank then shared one core and the other idled (a Keras step took 2x as long).
+    code = "import os, socket; print('AFFINITY', socket.gethostname(), sorted(os.sched_getaffinity(0)), flush=True)"
+    rc, out, _ = hororun(bed, ["-np", "2", "-H", "node1:1,node2:1", sys.executable, "-c", code])
+    assert rc == 0, out[-6000:]
+    rows = re.findall(r"AFFINITY (\S+) (\[.*?\])", out)
+    assert sorted(h for h, _ in rows) == ["node1", "node2"], out[-6000:]
+    assert all(cpus == str(sorted(os.sched_getaffinity(0))) for _, cpus in rows), rows
+
+
 def test_each_direction_between_hosts_gets_its_own_connection(bed):
     # Without horo's connect_pairs, the pairs of a 3-host job whose first exchange was one-sided (ring
     # neighbours in init's Split) kept a single connection both ways: half the link each way (measured).
