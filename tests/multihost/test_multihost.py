@@ -592,3 +592,19 @@ def test_autotune_tunes_the_hierarchical_paths_across_hosts(bed, tmp_path):
         rows = list(csv.DictReader(f))
     assert {r["hierarchical_allreduce"] for r in rows} == {"0", "1"}
     assert {r["hierarchical_allgather"] for r in rows} == {"0", "1"}
+
+
+def test_submit_then_synchronize_across_hosts_leaves_the_engine_thread_asleep(bed):
+    # The caller runs each round itself; the parked engine thread looks for deferred work once per grace
+    # period. Before the deferral was kept by when a caller last ran a round, every op woke it across hosts
+    # (300 wakes in 300 ops, in ~0.1 s): two thread hand-offs per op on a path meant to have none.
+    from horo.core.engine import _HELP_GRACE_S
+
+    rc, out, _ = hororun(bed, ["-np", "2", "-H", "node1:1,node2:1", *job("job_engine_wakes.py")], timeout=90)
+    assert rc == 0, out[-6000:]
+    rows = [line.split()[1:] for line in out.splitlines() if line.startswith("WAKES ")]
+    assert len(rows) == 2, out[-6000:]
+    for rank, ops, wakes, caller, engine, seconds in rows:
+        bound = 2 * float(seconds) / _HELP_GRACE_S + 10
+        assert int(wakes) <= min(bound, int(ops) / 2), \
+            f"rank {rank}: {wakes} wakes in {ops} ops, {seconds} s (rounds: caller {caller}, engine {engine})"

@@ -4,13 +4,18 @@
                                                  [--repeats R] [--dtype float32] [--json FILE] [--gpu]
                                                  [--plot FILE.png]
 
-For every size, five variants run interleaved in the same process on equally sized buffers:
+For every size, five variants run interleaved in the same process:
 
 - ``raw``: ``comm.Allreduce(send, recv, op=MPI.SUM)`` on a dup of COMM_WORLD (baseline of ``horo``);
 - ``raw_``: ``comm.Allreduce(MPI.IN_PLACE, buf, op=MPI.SUM)`` (baseline of ``horo_`` and ``async``);
 - ``horo``: ``horo.allreduce(send, op=horo.Sum)`` (synchronous, out-of-place: allocates its result);
 - ``horo_``: ``horo.allreduce_(buf, op=horo.Sum)`` (synchronous, in place);
 - ``async``: ``horo.synchronize(horo.allreduce_async_(buf, name=..., op=horo.Sum))`` (background engine).
+
+The out-of-place variants read the same ``send``; the in-place ones all work on the very same ``buf``
+(zeros, so repeated sums stay finite). Which buffer a variant gets matters across hosts: on the bed at
+10 Gbit/s, two equal, equally warmed arrays differed by up to 1.4x in raw MPI's own time, so separate
+buffers would time the memory, not the library (docs/multihost.md).
 
 Time is the median (``--stat min``: minimum) over repeats of the slowest rank's mean per call;
 algbw = bytes / time and busbw = algbw * 2(n-1)/n (nccl-tests). ``base/x`` = baseline time / x time (> 1:
@@ -107,17 +112,17 @@ def _np_dtype(name: str) -> np.dtype:
     return np.dtype(name)
 
 
-def _variants(horo: Any, comm: Any, send: np.ndarray, recv: np.ndarray, inplace: np.ndarray, abuf: np.ndarray,
-              rbuf: np.ndarray, raw_ok: bool) -> dict[str, Any]:
+def _variants(horo: Any, comm: Any, send: np.ndarray, recv: np.ndarray, buf: np.ndarray,
+              raw_ok: bool) -> dict[str, Any]:
     from mpi4py import MPI
 
     variants: dict[str, Any] = {}
     if raw_ok:
         variants["raw"] = lambda: comm.Allreduce(send, recv, op=MPI.SUM)
-        variants["raw_"] = lambda: comm.Allreduce(MPI.IN_PLACE, rbuf, op=MPI.SUM)
+        variants["raw_"] = lambda: comm.Allreduce(MPI.IN_PLACE, buf, op=MPI.SUM)
     variants["horo"] = lambda: horo.allreduce(send, op=horo.Sum)
-    variants["horo_"] = lambda: horo.allreduce_(inplace, op=horo.Sum)
-    variants["async"] = lambda: horo.synchronize(horo.allreduce_async_(abuf, name="bench.allreduce", op=horo.Sum))
+    variants["horo_"] = lambda: horo.allreduce_(buf, op=horo.Sum)
+    variants["async"] = lambda: horo.synchronize(horo.allreduce_async_(buf, name="bench.allreduce", op=horo.Sum))
     return variants
 
 
@@ -161,18 +166,16 @@ def main(argv: list[str]) -> int:
         real_bytes = count * dtype.itemsize
         send = np.ones(count, dtype=dtype)
         recv = np.empty_like(send)
-        inplace = np.ones(count, dtype=dtype)
-        abuf = np.ones(count, dtype=dtype)
+        buf = np.ones(count, dtype=dtype)
         # Correctness first (once), then zeros so repeated in-place sums stay finite.
-        check = [horo.allreduce(send, op=horo.Sum), horo.allreduce_(inplace, op=horo.Sum),
-                 horo.synchronize(horo.allreduce_async_(abuf, name="bench.allreduce", op=horo.Sum))]
+        check = [horo.allreduce(send, op=horo.Sum), horo.allreduce_(buf, op=horo.Sum).copy()]
+        buf[...] = 1
+        check.append(horo.synchronize(horo.allreduce_async_(buf, name="bench.allreduce", op=horo.Sum)))
         for what, got in zip(("allreduce", "allreduce_", "allreduce_async_"), check):
             if not np.all(got.astype(np.float64) == n):
                 raise AssertionError(f"horo.{what} gave a wrong result at {fmt_size(real_bytes)}")
-        inplace[...] = 0
-        abuf[...] = 0
-        rbuf = np.zeros_like(send)
-        variants = _variants(horo, comm, send, recv, inplace, abuf, rbuf, raw_ok)
+        buf[...] = 0
+        variants = _variants(horo, comm, send, recv, buf, raw_ok)
         iters = args.iters or _auto_iters(real_bytes)
         timing = time_interleaved(comm, variants, iters=iters, repeats=args.repeats,
                                   warmup=max(2, iters // 10))

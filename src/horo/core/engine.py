@@ -183,6 +183,7 @@ class Engine:
         # wake-ups, most of a small op's latency). GPU work keeps to the engine thread (its streams).
         self.round_lock = threading.Lock()
         self.helped = False  # the last round with work ran on a caller: defer the engine's wake-up (_HELP_GRACE_S)
+        self.helped_at = 0.0  # when a caller last ran a round (monotonic)
         self.deferred_since: float | None = None  # when a submission left the engine asleep; None: woken
         self.wakes = 0  # times the engine thread woke while parked (a diagnostic: profiling reads it)
         self.host_only = True
@@ -280,8 +281,10 @@ class Engine:
         """Sleep (holding ``cv``) until there is work for the engine thread, or the idle tick is due."""
         while not self.shutdown_requested and not self.joined:
             if not self.pending:
-                if self.helped and (self.deferred_since is None
-                                    or time.monotonic() - self.deferred_since > self.idle_s):
+                # By when a caller last ran a round, not by the last submission: one submission that woke
+                # us while its caller still ran the round must not end the deferral (across hosts, where a
+                # round outlasts a wake-up, that woke this thread on every op: +60-100 µs each).
+                if self.helped and time.monotonic() - self.helped_at > self.idle_s:
                     self.helped = False  # no submit-then-synchronize for a tick: stop the wake-ups below
                 # A deferred submission does not wake us: look for one every grace period while helped.
                 self.cv.wait(timeout=min(_HELP_GRACE_S, self.idle_s) if self.helped else self.idle_s)
@@ -322,6 +325,7 @@ class Engine:
             try:
                 if not req.done.is_set() and not self.finished:
                     self.helped = True
+                    self.helped_at = time.monotonic()
                     self.run_round()
             finally:
                 self.round_lock.release()
