@@ -244,10 +244,11 @@ def test_a_deferred_submission_starts_without_synchronize(hvd, world, rank):
 
 
 class _CountingCondition:
-    """Forwards to the engine's condition; counts the timed waits the calling thread makes on it."""
+    """Forwards to the engine's condition; counts the timed waits one thread makes on it (those for which
+    ``when(timeout)`` holds, if given)."""
 
-    def __init__(self, cv, thread_id):
-        self.cv, self.thread_id, self.waits = cv, thread_id, 0
+    def __init__(self, cv, thread_id, when=None):
+        self.cv, self.thread_id, self.when, self.waits = cv, thread_id, when, 0
 
     def __enter__(self):
         return self.cv.__enter__()
@@ -259,7 +260,7 @@ class _CountingCondition:
         self.cv.notify(n)
 
     def wait(self, timeout=None):
-        if threading.get_ident() == self.thread_id:
+        if threading.get_ident() == self.thread_id and (self.when is None or self.when(timeout)):
             self.waits += 1
         return self.cv.wait(timeout)
 
@@ -333,5 +334,40 @@ def test_a_submission_during_an_idle_round_is_seen_at_once(hvd, world, rank):
     def _check():
         assert started, "the op was not started within 5 s while rank 0's engine waited in an idle round"
         np.testing.assert_array_equal(out, np.full(2, world * (world + 1) / 2))
+
+    agree(_check)
+
+
+def test_the_engine_thread_polls_fast_once_a_caller_waits_for_its_round(hvd, world, rank):
+    """The engine thread runs the round (started by poll()), backs off while a peer is late, and then a
+    caller waits in synchronize(): from then on the engine thread polls without sleeping, as the caller
+    itself would (engine.Engine._poll_fast), instead of going on with its back-off."""
+    from horo.core.process_sets import global_process_set
+
+    eng = global_process_set.engine
+    x = np.zeros(8)
+    hvd.synchronize(hvd.allreduce_async_(x, op=hvd.Sum, name="waited.round"))  # cached from now on
+    # Back-off waits only (50-200 µs; the thread's parking waits are 5 ms and up).
+    counting = _CountingCondition(eng.cv, eng.thread.ident, when=lambda t: eng.waiters > 0 and t < 1e-3)
+    eng.cv = counting
+    slept, trials = [], 5
+    try:
+        for t in range(trials):
+            sync_comm().Barrier()
+            if rank == world - 1:
+                time.sleep(0.004)  # the last rank is late
+            before = counting.waits
+            x[...] = rank + t
+            handle = hvd.allreduce_async_(x, op=hvd.Sum, name="waited.round")
+            hvd.poll(handle)  # the engine thread takes the round
+            time.sleep(0.001)  # past its short spin, into the back-off
+            out = hvd.synchronize(handle)
+            slept.append(counting.waits - before)
+            np.testing.assert_array_equal(out, np.full(8, world * t + world * (world - 1) / 2))
+    finally:
+        eng.cv = counting.cv
+
+    def _check():
+        assert sum(s == 0 for s in slept) >= trials - 1, f"engine-thread timed waits with a waiter: {slept}"
 
     agree(_check)

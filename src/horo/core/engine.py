@@ -190,6 +190,7 @@ class Engine:
         self.round_lock = threading.Lock()
         self.helped = False  # the last round with work ran on a caller: defer the engine's wake-up (_HELP_GRACE_S)
         self.helped_at = 0.0  # when a caller last ran a round (monotonic)
+        self.waiters = 0  # callers blocked in synchronize() while this thread runs the rounds
         self.deferred_since: float | None = None  # when a submission left the engine asleep; None: woken
         self.wakes = 0  # times the engine thread woke while parked (a diagnostic: profiling reads it)
         self.host_only = True
@@ -351,9 +352,9 @@ class Engine:
     def _wait(self, mpi_req: Any) -> None:
         """Poll a round to completion without burning a core while peers compute.
 
-        With work pending, quick polls first (``spin_s`` on the engine thread, ``_HELP_SPIN_S`` on a caller
-        running the round itself; peers usually arrive together), then exponential back-off; while this
-        rank has work pending the back-off stays short, and a new submission cuts it off.
+        With work pending, quick polls first (:meth:`_poll_fast`; peers usually arrive together), then
+        exponential back-off; while this rank has work pending the back-off stays short, and a new
+        submission, or a caller starting to wait, cuts it off.
 
         Never fast while a caller thread of this rank sits in a blocking MPI call (inside ``join()``, or
         in an agreement): across hosts, Open MPI's TCP transport then stalled for seconds to minutes
@@ -361,16 +362,8 @@ class Engine:
         thread only has to notice completion, at the idle cadence.
         """
         busy = bool(self.pending) and not self._caller_in_mpi()
-        if busy:  # idle rounds must not tax other MPI traffic
-            # A caller running the round itself (``help``) waits for nothing else, so it polls as long as a
-            # peer may still be finishing the last transfer (_HELP_SPIN_S); only the engine thread, which
-            # may share the core with a rank's compute, backs off after ``spin_s``.
-            spin = self.spin_s if threading.get_ident() == self.thread.ident else _HELP_SPIN_S
-            spin_until = time.perf_counter() + spin
-            while time.perf_counter() < spin_until:
-                if mpi_req.Test():
-                    return
-                os.sched_yield()  # lets other threads run; time.sleep(0) would take ~80 µs (timer slack)
+        if busy and self._poll_fast(mpi_req):  # idle rounds must not tax other MPI traffic
+            return
         # An idle round (nothing pending, not joined) is awaited by no one here: its first check waits a
         # whole cycle (a submission cuts it short). Polling it fast is what starved a concurrent blocking
         # call across hosts when the cycle was short (docs/multihost.md, "short engine tick").
@@ -379,10 +372,29 @@ class Engine:
             with self.cv:
                 busy = bool(self.pending) and not self._caller_in_mpi()
                 cap = self.busy_cap_s if busy else self.idle_s
-                if self.cv.wait(timeout=delay):
-                    delay = 5e-5
-                    continue
+                woken = self.cv.wait(timeout=delay)
+            if woken:  # a submission, or a caller that now waits in synchronize()
+                if busy and self.waiters and self._poll_fast(mpi_req):
+                    return
+                delay = 5e-5
+                continue
             delay = min(delay * 2, cap)
+
+    def _poll_fast(self, mpi_req: Any) -> bool:
+        """Poll without sleeping for a while; True once the round has completed.
+
+        A caller waits for nothing else while it runs the round itself (``help``) or waits in
+        ``synchronize()`` for this thread's round, so then the polling lasts as long as a peer may still be
+        finishing the last transfer (``_HELP_SPIN_S``). Otherwise only ``spin_s``: the engine thread may
+        share the core with a rank's compute.
+        """
+        long = self.waiters or threading.get_ident() != self.thread.ident
+        until = time.perf_counter() + (_HELP_SPIN_S if long else self.spin_s)
+        while time.perf_counter() < until:
+            if mpi_req.Test():
+                return True
+            os.sched_yield()  # lets other threads run; time.sleep(0) would take ~80 µs (timer slack)
+        return False
 
     def _caller_in_mpi(self) -> bool:
         """True while a caller thread of this rank blocks in MPI: in ``join()`` or in an agreement, or,
@@ -877,12 +889,23 @@ def poll(handle: int) -> bool:
 def synchronize(handle: int) -> Any:
     """Wait for the async op behind ``handle`` and return its result (raising its error, if any)."""
     req = _get(handle)
-    if req.engine is not None:
-        req.engine.help(req)
-    while not req.done.wait(0.5):
-        eng = req.engine
-        if eng is not None and not eng.thread.is_alive() and not req.done.is_set():
-            req.finish(error=eng.error or HoroInternalError("horo's engine stopped before this op ran."))
+    eng = req.engine
+    waiting = False
+    if eng is not None:
+        eng.help(req)
+        if not req.done.is_set():
+            with eng.cv:  # the engine thread's round now has a waiter: it polls fast (Engine._poll_fast)
+                eng.waiters += 1
+                waiting = True
+                eng.cv.notify()
+    try:
+        while not req.done.wait(0.5):
+            if eng is not None and not eng.thread.is_alive() and not req.done.is_set():
+                req.finish(error=eng.error or HoroInternalError("horo's engine stopped before this op ran."))
+    finally:
+        if waiting:
+            with eng.cv:
+                eng.waiters -= 1
     with _handles_lock:
         _handles.pop(handle, None)
     if req.error is not None:
