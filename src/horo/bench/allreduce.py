@@ -14,8 +14,8 @@ For every size, five variants run interleaved in the same process:
 
 The out-of-place variants read the same ``send``; the in-place ones all work on the very same ``buf``
 (zeros, so repeated sums stay finite). Which buffer a variant gets matters across hosts: on the bed at
-10 Gbit/s, two equal, equally warmed arrays differed by up to 1.4x in raw MPI's own time, so separate
-buffers would time the memory, not the library (docs/multihost.md).
+10 Gbit/s, two equal, equally warmed arrays differed by 10-20 % in raw MPI's own time, more than the gap
+being measured, so separate buffers would time the memory, not the library (docs/multihost.md).
 
 Time is the median (``--stat min``: minimum) over repeats of the slowest rank's mean per call;
 algbw = bytes / time and busbw = algbw * 2(n-1)/n (nccl-tests). ``base/x`` = baseline time / x time (> 1:

@@ -292,7 +292,7 @@ class Engine:
             if not self.pending:
                 # By when a caller last ran a round, not by the last submission: one submission that woke
                 # us while its caller still ran the round must not end the deferral (across hosts, where a
-                # round outlasts a wake-up, that woke this thread on every op: +60-100 µs each).
+                # round outlasts a wake-up, that woke this thread on every op: +40-60 µs each).
                 if self.helped and time.monotonic() - self.helped_at > self.idle_s:
                     self.helped = False  # no submit-then-synchronize for a tick: stop the wake-ups below
                 # A deferred submission does not wake us: look for one every grace period while helped.
