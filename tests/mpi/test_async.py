@@ -265,6 +265,22 @@ class _CountingCondition:
         return self.cv.wait(timeout)
 
 
+def _late_last_rank(hvd, world, rank, x, name, late_s, counting, finish, trials):
+    """``trials`` in-place allreduces of ``x`` named ``name``, the last rank ``late_s`` late each time and
+    each handle passed to ``finish``; checks the sums and returns the waits ``counting`` saw per trial."""
+    slept = []
+    for t in range(trials):
+        sync_comm().Barrier()
+        if rank == world - 1:
+            time.sleep(late_s)
+        before = counting.waits
+        x[...] = rank + t
+        out = finish(hvd.allreduce_async_(x, op=hvd.Sum, name=name))
+        slept.append(counting.waits - before)
+        np.testing.assert_array_equal(out, np.full(x.shape, world * t + world * (world - 1) / 2))
+    return slept
+
+
 def test_a_caller_running_the_round_polls_through_a_peer_a_few_ms_late(hvd, world, rank):
     """A caller in synchronize() that runs the round itself polls while a peer is a few ms late
     (engine._HELP_SPIN_S) instead of sleeping in the back-off: the late wake-up skewed the next transfer,
@@ -276,17 +292,9 @@ def test_a_caller_running_the_round_polls_through_a_peer_a_few_ms_late(hvd, worl
     hvd.synchronize(hvd.allreduce_async_(x, op=hvd.Sum, name="late.peer"))  # cached from now on
     counting = _CountingCondition(eng.cv, threading.get_ident())
     eng.cv = counting
-    slept, trials = [], 5
-    try:
-        for t in range(trials):
-            sync_comm().Barrier()
-            if rank == world - 1:
-                time.sleep(0.002)  # the last rank is 2 ms late, as after a transfer it finished last
-            before = counting.waits
-            x[...] = rank + t
-            out = hvd.synchronize(hvd.allreduce_async_(x, op=hvd.Sum, name="late.peer"))
-            slept.append(counting.waits - before)
-            np.testing.assert_array_equal(out, np.full(8, world * t + world * (world - 1) / 2))
+    trials = 5
+    try:  # the last rank is 2 ms late, as after a transfer it finished last
+        slept = _late_last_rank(hvd, world, rank, x, "late.peer", 0.002, counting, hvd.synchronize, trials)
     finally:
         eng.cv = counting.cv
 
@@ -350,20 +358,14 @@ def test_the_engine_thread_polls_fast_once_a_caller_waits_for_its_round(hvd, wor
     # Back-off waits only (50-200 µs; the thread's parking waits are 5 ms and up).
     counting = _CountingCondition(eng.cv, eng.thread.ident, when=lambda t: eng.waiters > 0 and t < 1e-3)
     eng.cv = counting
-    slept, trials = [], 5
+    def engine_runs_it(handle):
+        hvd.poll(handle)  # the engine thread takes the round
+        time.sleep(0.001)  # past its short spin, into the back-off
+        return hvd.synchronize(handle)
+
+    trials = 5
     try:
-        for t in range(trials):
-            sync_comm().Barrier()
-            if rank == world - 1:
-                time.sleep(0.004)  # the last rank is late
-            before = counting.waits
-            x[...] = rank + t
-            handle = hvd.allreduce_async_(x, op=hvd.Sum, name="waited.round")
-            hvd.poll(handle)  # the engine thread takes the round
-            time.sleep(0.001)  # past its short spin, into the back-off
-            out = hvd.synchronize(handle)
-            slept.append(counting.waits - before)
-            np.testing.assert_array_equal(out, np.full(8, world * t + world * (world - 1) / 2))
+        slept = _late_last_rank(hvd, world, rank, x, "waited.round", 0.004, counting, engine_runs_it, trials)
     finally:
         eng.cv = counting.cv
 
