@@ -177,6 +177,32 @@ def test_many_unnamed_async(hvd, world, rank):
     agree(_check)
 
 
+def test_names_that_waited_for_a_peer_leave_no_bookkeeping(hvd, world, rank):
+    """The stall inspector's per-name records end with the wait: unnamed ops (a new name each) that waited
+    for a late rank in some rounds must not pile up in the engine, whether or not a timeline records."""
+    from horo.core.process_sets import global_process_set
+
+    eng = global_process_set.engine
+    inspect, waited = eng._inspect, []
+    eng._inspect = lambda partial, *rest: (waited.append(bool(partial)), inspect(partial, *rest))[1]
+    try:
+        for t in range(6):
+            sync_comm().Barrier()
+            if rank == world - 1:
+                time.sleep(0.15)  # past the late rank's idle tick: a round in which it has nothing pending
+            out = hvd.synchronize(hvd.allreduce_async(np.full(2, float(t)), op=hvd.Sum))
+            np.testing.assert_array_equal(out, np.full(2, float(t * world)))
+    finally:
+        del eng._inspect
+    left = {"first_round": dict(eng.first_round), "first_seen": dict(eng.first_seen), "warned": set(eng.warned)}
+
+    def _check():
+        check(world == 1 or rank == world - 1 or any(waited), "no round saw a name waiting for the late rank")
+        check(not any(left.values()), f"bookkeeping left after every op ran: {left}")
+
+    agree(_check)
+
+
 def test_async_then_sync_collective(hvd, world, rank):
     """A synchronous collective issued while an async op is in flight still pairs up correctly."""
     h = hvd.allreduce_async(np.full(2, rank + 1.0), op=hvd.Sum, name="inflight")

@@ -145,6 +145,7 @@ class Engine:
         self.cache: dict[str, int] = {}
         self.cache_sigs: list[Signature] = []
         self.cache_names: list[str] = []
+        self.ready_memo: dict[tuple[int, ...], list[str]] = {}  # bit-vector words -> the names they select
         self.capacity = config.int("HORO_CACHE_CAPACITY")
         self.threshold = config.int("HORO_FUSION_THRESHOLD")
         local = comm.Split_type(MPI.COMM_TYPE_SHARED, key=self.me)
@@ -184,6 +185,7 @@ class Engine:
         self.error: BaseException | None = None
         self.stuck_since: dict[tuple[int, int, int], float] = {}  # (rank, set id, seq) -> first seen stuck
         self._fusion: dict[np.dtype, np.ndarray] = {}
+        self.recv = np.empty((self.n, 0), dtype=np.int64)  # the round's gathered headers
         # Rounds run one at a time, on the engine thread or on a caller waiting in synchronize() while the
         # engine thread is parked: that caller then needs no hand-off to the engine and back (two thread
         # wake-ups, most of a small op's latency). GPU work keeps to the engine thread (its streams).
@@ -430,9 +432,12 @@ class Engine:
             head += ([self.tuner.seq, k.fusion_threshold, round(k.cycle_time_ms * 1000), k.chunk_bytes,
                       int(k.cache_enabled) | int(k.hierarchical_allreduce) << 1 | int(k.hierarchical_allgather) << 2]
                      if self.tuner is not None and k is not None else [0] * _TUNE)
-        head += [_signed((mask >> (64 * i)) & _WORD) for i in range(words)]
+        for i in range(words):
+            head.append(_signed((mask >> (64 * i)) & _WORD))
         hdr = np.array(head, dtype=np.int64)
-        recv = np.empty((self.n, _HDR + tune + words), dtype=np.int64)
+        recv = self.recv
+        if recv.shape[1] != len(head):  # reused: rounds run one at a time, and each reads it within itself
+            recv = self.recv = np.empty((self.n, len(head)), dtype=np.int64)
         if watchdog.enabled():
             with blocking("a round of the background engine"):
                 self._wait(self.comm.Iallgather(hdr, recv))
@@ -480,7 +485,7 @@ class Engine:
                     self.tuner.abandon(exc)
         if tune:  # after the whole round ran under the old setting, on every rank alike
             self._retune(recv[0, _HDR:_HDR + _TUNE], bool(flags[0] & _TUNED))
-        self._inspect(partial, ready)
+        self._inspect(partial)
         if all_flag & _SHUTDOWN and not ready:
             if self.pending:
                 self._fail_all(HoroError(
@@ -494,8 +499,14 @@ class Engine:
         """Decide, identically on every rank, what runs now, what mismatched, what is still waiting."""
         if gathered is None and not self.absent and words.shape[1]:
             rows = words.tolist()
-            if all(row == rows[0] for row in rows):  # the steady state: every rank has the same names pending
-                return [self.cache_names[b] for b in _set_bits(rows[0])], [], {}
+            if rows.count(rows[0]) == len(rows):  # the steady state: every rank has the same names pending
+                key = tuple(rows[0])
+                names = self.ready_memo.get(key)
+                if names is None:
+                    if len(self.ready_memo) >= 256:  # a step has few distinct sets; bound it all the same
+                        self.ready_memo.clear()
+                    names = self.ready_memo[key] = [self.cache_names[b] for b in _set_bits(rows[0])]
+                return list(names), [], {}
         ready_bits: list[int] = []
         partial: dict[str, set[int]] = {}
         holders: dict[int, set[int]] = {}
@@ -575,6 +586,7 @@ class Engine:
                 self.cache.clear()
                 self.cache_sigs.clear()
                 self.cache_names.clear()
+                self.ready_memo.clear()  # bits are handed out afresh
         if self.threshold < max((b.nbytes for b in self._fusion.values()), default=0) // 2:
             self._fusion.clear()  # do not keep a 64 MiB buffer alive for a 1 MiB threshold
 
@@ -615,7 +627,7 @@ class Engine:
     def _execute_as_configured(self, names: list[str]) -> list[tuple[str, str, int]]:
         reqs = self._take(names)
         self.sig_of.clear()
-        t_ready = timeline.now_us()
+        t_ready = timeline.now_us() if timeline.active else 0
         batch: list[Request] = []
         batch_bytes = 0
         group: list[Request] = []  # consecutive requests of one batch_key (never while a rank is joined)
@@ -664,7 +676,7 @@ class Engine:
         return sorted(late | set(self.late_now))
 
     def _run_one(self, req: Request) -> None:
-        t0 = timeline.now_us()
+        t0 = timeline.now_us() if timeline.active else 0
         try:
             if req.run is not None:
                 result = req.run(self.comm)
@@ -774,14 +786,16 @@ class Engine:
                 del self.stuck_since[key]
 
     # ---- stall inspector -------------------------------------------------------------------------
-    def _inspect(self, partial: dict[str, set[int]], ran: list[str]) -> None:
-        for name in ran:
-            self.first_seen.pop(name, None)
-            self.warned.discard(name)
+    def _inspect(self, partial: dict[str, set[int]]) -> None:
+        self._partial = partial
+        if not partial and not self.first_seen and not self.warned and not self.first_round:
+            return  # nothing waits: the steady state of every round that runs all it gathered
+        # Forget the names no longer waiting: they ran (the timeline has read first_round), mismatched or failed.
+        for book in (self.first_seen, self.first_round):
+            for name in [n for n in book if n not in partial]:
+                del book[name]
+        self.warned &= partial.keys()
         now = time.monotonic()
-        for name in list(self.first_seen):
-            if name not in partial:
-                del self.first_seen[name]
         for name, present in partial.items():
             seen = self.first_round.setdefault(name, {})
             for r in present:
@@ -799,7 +813,6 @@ class Engine:
                     sys.stderr.flush()
             if self.stall_shutdown_s > 0 and age >= self.stall_shutdown_s:
                 self.stall_flag = True
-        self._partial = partial
 
     def _stall_message(self, stopping: bool) -> str:
         partial = getattr(self, "_partial", {})
