@@ -399,3 +399,46 @@ def test_the_engine_thread_polls_fast_once_a_caller_waits_for_its_round(hvd, wor
         assert sum(s == 0 for s in slept) >= trials - 1, f"engine-thread timed waits with a waiter: {slept}"
 
     agree(_check)
+
+
+class _SlowToLock(_CountingCondition):
+    """Also makes the engine thread take ``late`` s to enter the condition while it has work and no
+    waiter yet: a caller that starts waiting then almost surely does it between two of its polls."""
+
+    def __init__(self, eng, late, **kw):
+        super().__init__(eng.cv, eng.thread.ident, **kw)
+        self.eng, self.late = eng, late
+
+    def __enter__(self):
+        if threading.get_ident() == self.thread_id and self.eng.pending and not self.eng.waiters:
+            time.sleep(self.late)
+        return super().__enter__()
+
+
+def test_a_caller_that_starts_waiting_between_two_polls_is_not_missed(hvd, world, rank):
+    """The engine thread polls a round outside its condition and then waits on it; a caller that
+    starts waiting in between (its notify then finds nobody waiting) must still end the back-off
+    (engine.Engine._stir). Before, the thread slept on through the caller's wait."""
+    from horo.core.process_sets import global_process_set
+
+    eng = global_process_set.engine
+    x = np.zeros(8)
+    hvd.synchronize(hvd.allreduce_async_(x, op=hvd.Sum, name="stirred.round"))  # cached from now on
+    counting = _SlowToLock(eng, 0.002, when=lambda t: eng.waiters > 0 and t < 1e-3)
+    eng.cv = counting
+
+    def engine_runs_it(handle):
+        hvd.poll(handle)  # the engine thread takes the round
+        time.sleep(0.003)
+        return hvd.synchronize(handle)
+
+    trials = 5
+    try:
+        slept = _late_last_rank(hvd, world, rank, x, "stirred.round", 0.008, counting, engine_runs_it, trials)
+    finally:
+        eng.cv = counting.cv
+
+    def _check():
+        assert sum(s == 0 for s in slept) >= trials - 1, f"engine-thread timed waits with a waiter: {slept}"
+
+    agree(_check)

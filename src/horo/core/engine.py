@@ -193,6 +193,7 @@ class Engine:
         self.helped = False  # the last round with work ran on a caller: defer the engine's wake-up (_HELP_GRACE_S)
         self.helped_at = 0.0  # when a caller last ran a round (monotonic)
         self.waiters = 0  # callers blocked in synchronize() while this thread runs the rounds
+        self.stirs = 0  # submissions, waiters and requests to stop or join so far (see _stir)
         self.deferred_since: float | None = None  # when a submission left the engine asleep; None: woken
         self.wakes = 0  # times the engine thread woke while parked (a diagnostic: profiling reads it)
         self.host_only = True
@@ -233,14 +234,21 @@ class Engine:
                 self.deferred_since = time.monotonic()  # its caller will likely run the round itself
             else:
                 self.deferred_since = None
-                self.cv.notify()
+                self._stir()
+
+    def _stir(self) -> None:
+        """Tell the engine thread that something changed (the caller holds ``cv``). Counted as well as
+        notified: a notify that comes while the thread is between two polls of a round, not yet waiting,
+        would be lost, and the thread would sleep through it (``_wait`` compares the count)."""
+        self.stirs += 1
+        self.cv.notify()
 
     def kick(self) -> None:
         """Wake a parked engine now (e.g. from ``poll``): nobody is about to run the pending work."""
         with self.cv:
             if self.deferred_since is not None:
                 self.deferred_since = None
-                self.cv.notify()
+                self._stir()
 
     def join(self) -> int:
         """Contribute zeros to the other ranks' async allreduces until every rank has joined.
@@ -252,7 +260,7 @@ class Engine:
         self.join_done.clear()
         with self.cv:
             self.joined = True
-            self.cv.notify()
+            self._stir()
         while not self.join_done.wait(0.5):
             if not self.thread.is_alive():
                 raise self.error or HoroInternalError("horo's engine stopped during join().")
@@ -262,7 +270,7 @@ class Engine:
         """Agree with the other ranks to stop; waits until all of them have asked for it."""
         with self.cv:
             self.shutdown_requested = True
-            self.cv.notify()
+            self._stir()
         while self.thread.is_alive():
             self.thread.join(0.5)
 
@@ -330,17 +338,18 @@ class Engine:
 
     def help(self, req: Request) -> None:
         """From a caller waiting for ``req``: run rounds on this thread while the engine thread is parked."""
-        while not req.done.is_set() and self.host_only and not self.finished:
+        done = req.done
+        while not done.flag and self.host_only and not self.finished:
             if not self.round_lock.acquire(blocking=False):
                 break  # the engine thread is in a round: it goes on until ``req`` is done
             try:
-                if not req.done.is_set() and not self.finished:
+                if not done.flag and not self.finished:
                     self.helped = True
                     self.helped_at = time.monotonic()
                     self.run_round()
             finally:
                 self.round_lock.release()
-        if not req.done.is_set():
+        if not done.flag:
             self.kick()  # this caller now only waits: the engine thread must not leave ``req`` to it
 
     def _fail_all(self, err: BaseException) -> None:
@@ -351,7 +360,7 @@ class Engine:
         for r in reqs:
             r.finish(error=err)
 
-    def _wait(self, mpi_req: Any) -> None:
+    def _wait(self, mpi_req: Any, stirs: int) -> None:
         """Poll a round to completion without burning a core while peers compute.
 
         With work pending, quick polls first (:meth:`_poll_fast`; peers usually arrive together), then
@@ -361,7 +370,8 @@ class Engine:
         Never fast while a caller thread of this rank sits in a blocking MPI call (inside ``join()``, or
         in an agreement): across hosts, Open MPI's TCP transport then stalled for seconds to minutes
         (docs/multihost.md, "join() across hosts"). The blocked caller drives MPI's progress anyway; this
-        thread only has to notice completion, at the idle cadence.
+        thread only has to notice completion, at the idle cadence. ``stirs``: ``self.stirs`` when the round
+        took its snapshot of the pending work.
         """
         busy = bool(self.pending) and not self._caller_in_mpi()
         if busy and self._poll_fast(mpi_req):  # idle rounds must not tax other MPI traffic
@@ -374,7 +384,8 @@ class Engine:
             with self.cv:
                 busy = bool(self.pending) and not self._caller_in_mpi()
                 cap = self.busy_cap_s if busy else self.idle_s
-                woken = self.cv.wait(timeout=delay)
+                woken = self.stirs != stirs or self.cv.wait(timeout=delay)
+                stirs = self.stirs
             if woken:  # a submission, or a caller that now waits in synchronize()
                 if busy and self.waiters and self._poll_fast(mpi_req):
                     return
@@ -409,6 +420,7 @@ class Engine:
         with self.cv:
             snapshot = list(self.pending.values())
             shutting = self.shutdown_requested
+            stirs = self.stirs  # what happens from now on is news to this round's wait
         self.round_no += 1
         self.last_round = time.monotonic()
         words = (len(self.cache_sigs) + 63) // 64
@@ -440,36 +452,27 @@ class Engine:
             recv = self.recv = np.empty((self.n, len(head)), dtype=np.int64)
         if watchdog.enabled():
             with blocking("a round of the background engine"):
-                self._wait(self.comm.Iallgather(hdr, recv))
+                self._wait(self.comm.Iallgather(hdr, recv), stirs)
         else:
-            self._wait(self.comm.Iallgather(hdr, recv))
+            self._wait(self.comm.Iallgather(hdr, recv), stirs)
         t_round = time.perf_counter()
         # Plain ints from here: a round runs per small op, and each numpy call on a tiny array costs ~1 µs.
         flags = recv[:, 0].tolist()
-        any_flag, all_flag = 0, -1
+        any_flag = 0
         for f in flags:
             any_flag |= f
-            all_flag &= f
         if timeline.active:  # only the timeline reports late ranks
             entered = recv[:, 1].tolist()
             first = min(entered)
             self.late_now = [self.ranks[r] for r, e in enumerate(entered) if e > first + 1000]
-        self.absent = {r for r, f in enumerate(flags) if f & _JOINED} if any_flag & _JOINED else set()
-        for r in self.absent:
-            self.join_round.setdefault(r, self.round_no)
-        if len(self.absent) == self.n:  # everyone has joined: leave join mode in this same round everywhere
-            self.last_joined = max(self.join_round, key=lambda r: (self.join_round[r], r))
-            self.join_round = {}
-            self.joined = False
+        gathered = None
+        if any_flag:  # the steady state has no flag set on any rank
+            gathered = self._flagged(flags, any_flag, uncached)
+        elif self.absent:
             self.absent = set()
-            self.join_done.set()
-        gathered = self.comm.allgather(uncached) if any_flag & _UNCACHED else None
-        if any_flag & _STALLED:
-            raise StallError(self._stall_message(stopping=True))
         ready, mismatched, partial = self._match(recv[:, _HDR + tune:], gathered)
-        leaving = [r for r, f in enumerate(flags) if f & _LEAVING] if any_flag & _LEAVING else []
-        if leaving:
-            self._peers_left(flags, leaving, partial)
+        if any_flag & _LEAVING:
+            self._peers_left(flags, [r for r, f in enumerate(flags) if f & _LEAVING], partial)
         for name, sigs in mismatched:
             req = self.pending.get(name)
             if req is not None:
@@ -486,13 +489,31 @@ class Engine:
         if tune:  # after the whole round ran under the old setting, on every rank alike
             self._retune(recv[0, _HDR:_HDR + _TUNE], bool(flags[0] & _TUNED))
         self._inspect(partial)
-        if all_flag & _SHUTDOWN and not ready:
+        if any_flag & _SHUTDOWN and not ready and all(f & _SHUTDOWN for f in flags):
             if self.pending:
                 self._fail_all(HoroError(
                     "horo was shut down while collectives were still pending: "
                     f"{sorted(self.pending)[:8]} were never submitted by every rank."))
             return True
         return False
+
+    def _flagged(self, flags: list[int], any_flag: int, uncached: list[tuple[str, Signature]]
+                 ) -> list[list[tuple[str, Signature]]] | None:
+        """A round's rarer flags: joined ranks, names not cached yet, a stall. Returns every rank's uncached
+        names when any rank has some."""
+        self.absent = {r for r, f in enumerate(flags) if f & _JOINED} if any_flag & _JOINED else set()
+        for r in self.absent:
+            self.join_round.setdefault(r, self.round_no)
+        if len(self.absent) == self.n:  # everyone has joined: leave join mode in this same round everywhere
+            self.last_joined = max(self.join_round, key=lambda r: (self.join_round[r], r))
+            self.join_round = {}
+            self.joined = False
+            self.absent = set()
+            self.join_done.set()
+        gathered = self.comm.allgather(uncached) if any_flag & _UNCACHED else None
+        if any_flag & _STALLED:
+            raise StallError(self._stall_message(stopping=True))
+        return gathered
 
     def _match(self, words: np.ndarray, gathered: list[list[tuple[str, Signature]]] | None
                ) -> tuple[list[str], list[tuple[str, list[Signature]]], dict[str, set[int]]]:
@@ -627,14 +648,28 @@ class Engine:
     def _execute_as_configured(self, names: list[str]) -> list[tuple[str, str, int]]:
         reqs = self._take(names)
         self.sig_of.clear()
-        t_ready = timeline.now_us() if timeline.active else 0
+        if timeline.active:
+            t_ready = timeline.now_us()
+            for req in reqs:
+                late = self._late_ranks(req.name)
+                timeline.span(req.name, "NEGOTIATE", req.t_submit, t_ready, **({"late_ranks": late} if late else {}))
+        if len(reqs) == 1:  # alone, any request runs as itself: no fusion buffer, no group
+            self._run_one(reqs[0])
+        else:
+            self._run_all(reqs)
+        if timeline.active:
+            timeline.flush()
+        if not self.tuning:
+            return []
+        return [(r.name, r.send.dtype.str if r.send is not None else "", r.send.nbytes if r.send is not None else 0)
+                for r in reqs]
+
+    def _run_all(self, reqs: list[Request]) -> None:
+        """Run a round's requests in order, fusing small allreduces and grouping equal ``batch_key``s."""
         batch: list[Request] = []
         batch_bytes = 0
         group: list[Request] = []  # consecutive requests of one batch_key (never while a rank is joined)
         for req in reqs:
-            if timeline.active:
-                late = self._late_ranks(req.name)
-                timeline.span(req.name, "NEGOTIATE", req.t_submit, t_ready, **({"late_ranks": late} if late else {}))
             if req.batch_key is not None and not self.absent:
                 if batch:
                     self._run_batch(batch)
@@ -662,12 +697,6 @@ class Engine:
             self._run_batch(batch)
         if group:
             self._run_group(group)
-        if timeline.active:
-            timeline.flush()
-        if not self.tuning:
-            return []
-        return [(r.name, r.send.dtype.str if r.send is not None else "", r.send.nbytes if r.send is not None else 0)
-                for r in reqs]
 
     def _late_ranks(self, name: str) -> list[int]:
         seen = self.first_round.pop(name, None)
@@ -903,24 +932,28 @@ def synchronize(handle: int) -> Any:
     """Wait for the async op behind ``handle`` and return its result (raising its error, if any)."""
     req = _get(handle)
     eng = req.engine
-    waiting = False
     if eng is not None:
         eng.help(req)
-        if not req.done.is_set():
-            with eng.cv:  # the engine thread's round now has a waiter: it polls fast (Engine._poll_fast)
-                eng.waiters += 1
-                waiting = True
-                eng.cv.notify()
-    try:
-        while not req.done.wait(0.5):
-            if eng is not None and not eng.thread.is_alive() and not req.done.is_set():
-                req.finish(error=eng.error or HoroInternalError("horo's engine stopped before this op ran."))
-    finally:
-        if waiting:
-            with eng.cv:
-                eng.waiters -= 1
+    if not req.done.flag:
+        _block(req, eng)
     with _handles_lock:
         _handles.pop(handle, None)
     if req.error is not None:
         raise req.error
     return req.result
+
+
+def _block(req: Request, eng: Engine | None) -> None:
+    """Wait until ``req`` is done (by another thread's round), or fail it if its engine has stopped."""
+    if eng is not None:
+        with eng.cv:  # the engine thread's round now has a waiter: it polls fast (Engine._poll_fast)
+            eng.waiters += 1
+            eng._stir()
+    try:
+        while not req.done.wait(0.5):
+            if eng is not None and not eng.thread.is_alive() and not req.done.is_set():
+                req.finish(error=eng.error or HoroInternalError("horo's engine stopped before this op ran."))
+    finally:
+        if eng is not None:
+            with eng.cv:
+                eng.waiters -= 1
