@@ -94,6 +94,34 @@ def test_two_ranks_each_print(tmp_path: Path, np_flag: str) -> None:
         assert f"HELLO rank {rank} of 2" in out.stdout
 
 
+@pytest.mark.timeout(120)
+def test_importing_horo_does_not_start_mpi() -> None:
+    """hororun imports horo before it starts mpiexec, and users import the facades before ``init()``: none of
+    that may initialize MPI. A module-level ``from mpi4py import MPI`` did: every hororun then started an MPI
+    singleton (a second of start-up) and, on Open MPI, left a 16 MiB shared-memory segment in /dev/shm."""
+    mods = ["horo", "horo.run", "horo.core", "horo.elastic", "horo.torch", "horo.lightning", "horo.tensorflow",
+            "horo.keras"]
+    code = ("import importlib, sys\n"
+            "for m in sys.argv[1:]:\n"
+            "    importlib.import_module(m)\n"
+            "    assert 'mpi4py.MPI' not in sys.modules, f'importing {m} imported mpi4py.MPI, which starts MPI'\n")
+    res = subprocess.run([sys.executable, "-c", code, *mods], capture_output=True, text=True, timeout=110,
+                         env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
+    assert res.returncode == 0, res.stdout + res.stderr
+
+
+@pytest.mark.timeout(60)
+def test_a_job_leaves_no_shared_memory_behind(tmp_path: Path) -> None:
+    shm = Path("/dev/shm")
+    if not shm.is_dir():
+        pytest.skip("no /dev/shm on this system")
+    before = set(os.listdir(shm))
+    out = hororun("-np", "2", sys.executable, script(tmp_path, HELLO))
+    assert out.returncode == 0, out.stderr
+    new = sorted(set(os.listdir(shm)) - before)  # the suite runs one job at a time
+    assert not new, f"left in /dev/shm after the job: {new}"
+
+
 @pytest.mark.timeout(60)
 def test_three_ranks_oversubscribe_two_cores(tmp_path: Path) -> None:
     # -np 3 is more than this 2-core machine has; the launcher must start them all anyway.

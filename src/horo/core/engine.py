@@ -27,7 +27,6 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
-from mpi4py import MPI
 
 from . import mpi_ops, watchdog
 from .autotune.settings import Knobs
@@ -148,6 +147,8 @@ class Engine:
         self.ready_memo: dict[tuple[int, ...], list[str]] = {}  # bit-vector words -> the names they select
         self.capacity = config.int("HORO_CACHE_CAPACITY")
         self.threshold = config.int("HORO_FUSION_THRESHOLD")
+        from mpi4py import MPI  # here, not at import: importing horo must not start MPI (see mpi_ops)
+
         local = comm.Split_type(MPI.COMM_TYPE_SHARED, key=self.me)
         self.spans_hosts = local.Get_size() < self.n
         self.min_tick_s = _MIN_TICK_ACROSS_HOSTS_S if self.spans_hosts else 1e-4
@@ -809,6 +810,8 @@ class Engine:
                     f"e.g. after an exception; leaving: {gone}). Aborting the job instead of hanging.\n")
                 sys.stderr.flush()
                 time.sleep(0.3)  # let the launcher forward the message before the job is torn down
+                from mpi4py import MPI
+
                 MPI.COMM_WORLD.Abort(1)
         for key in list(self.stuck_since):
             if key not in seen:
