@@ -372,26 +372,27 @@ def test_a_submission_during_an_idle_round_is_seen_at_once(hvd, world, rank):
     agree(_check)
 
 
-def test_the_engine_thread_polls_fast_once_a_caller_waits_for_its_round(hvd, world, rank):
-    """The engine thread runs the round (started by poll()), backs off while a peer is late, and then a
-    caller waits in synchronize(): from then on the engine thread polls without sleeping, as the caller
-    itself would (engine.Engine._poll_fast), instead of going on with its back-off."""
+def _engine_thread_waits_with_a_waiter(hvd, world, rank, name, counting_class, pause_s, late_s):
+    """The engine thread runs the round of ``name`` (poll() starts it) while the last rank is ``late_s``
+    late; ``pause_s`` later a caller waits in synchronize(). Checks the sums and that, in all trials but
+    one, the engine thread made no back-off wait (50-200 µs; its parking waits are 5 ms and up) once the
+    caller waited. ``counting_class(eng, when=...)`` wraps the engine's condition."""
     from horo.core.process_sets import global_process_set
 
     eng = global_process_set.engine
     x = np.zeros(8)
-    hvd.synchronize(hvd.allreduce_async_(x, op=hvd.Sum, name="waited.round"))  # cached from now on
-    # Back-off waits only (50-200 µs; the thread's parking waits are 5 ms and up).
-    counting = _CountingCondition(eng.cv, eng.thread.ident, when=lambda t: eng.waiters > 0 and t < 1e-3)
+    hvd.synchronize(hvd.allreduce_async_(x, op=hvd.Sum, name=name))  # cached from now on
+    counting = counting_class(eng, when=lambda t: eng.waiters > 0 and t < 1e-3)
     eng.cv = counting
+
     def engine_runs_it(handle):
         hvd.poll(handle)  # the engine thread takes the round
-        time.sleep(0.001)  # past its short spin, into the back-off
+        time.sleep(pause_s)
         return hvd.synchronize(handle)
 
     trials = 5
     try:
-        slept = _late_last_rank(hvd, world, rank, x, "waited.round", 0.004, counting, engine_runs_it, trials)
+        slept = _late_last_rank(hvd, world, rank, x, name, late_s, counting, engine_runs_it, trials)
     finally:
         eng.cv = counting.cv
 
@@ -399,6 +400,18 @@ def test_the_engine_thread_polls_fast_once_a_caller_waits_for_its_round(hvd, wor
         assert sum(s == 0 for s in slept) >= trials - 1, f"engine-thread timed waits with a waiter: {slept}"
 
     agree(_check)
+
+
+def test_the_engine_thread_polls_fast_once_a_caller_waits_for_its_round(hvd, world, rank):
+    """The engine thread runs the round (started by poll()), backs off while a peer is late, and then a
+    caller waits in synchronize(): from then on the engine thread polls without sleeping, as the caller
+    itself would (engine.Engine._poll_fast), instead of going on with its back-off."""
+
+    def counting(eng, when):
+        return _CountingCondition(eng.cv, eng.thread.ident, when=when)
+
+    # The caller comes 1 ms after poll(): past the engine thread's short spin, into its back-off.
+    _engine_thread_waits_with_a_waiter(hvd, world, rank, "waited.round", counting, 0.001, 0.004)
 
 
 class _SlowToLock(_CountingCondition):
@@ -419,26 +432,8 @@ def test_a_caller_that_starts_waiting_between_two_polls_is_not_missed(hvd, world
     """The engine thread polls a round outside its condition and then waits on it; a caller that
     starts waiting in between (its notify then finds nobody waiting) must still end the back-off
     (engine.Engine._stir). Before, the thread slept on through the caller's wait."""
-    from horo.core.process_sets import global_process_set
 
-    eng = global_process_set.engine
-    x = np.zeros(8)
-    hvd.synchronize(hvd.allreduce_async_(x, op=hvd.Sum, name="stirred.round"))  # cached from now on
-    counting = _SlowToLock(eng, 0.002, when=lambda t: eng.waiters > 0 and t < 1e-3)
-    eng.cv = counting
+    def counting(eng, when):
+        return _SlowToLock(eng, 0.002, when=when)
 
-    def engine_runs_it(handle):
-        hvd.poll(handle)  # the engine thread takes the round
-        time.sleep(0.003)
-        return hvd.synchronize(handle)
-
-    trials = 5
-    try:
-        slept = _late_last_rank(hvd, world, rank, x, "stirred.round", 0.008, counting, engine_runs_it, trials)
-    finally:
-        eng.cv = counting.cv
-
-    def _check():
-        assert sum(s == 0 for s in slept) >= trials - 1, f"engine-thread timed waits with a waiter: {slept}"
-
-    agree(_check)
+    _engine_thread_waits_with_a_waiter(hvd, world, rank, "stirred.round", counting, 0.003, 0.008)
