@@ -420,3 +420,60 @@ def test_a_caller_that_starts_waiting_between_two_polls_is_not_missed(hvd, world
     (engine.Engine._stir). Before, the thread slept on through the caller's wait."""
     _few_timed_waits(hvd, world, rank, "stirred.round", lambda eng: _SlowToLock(_waits_with_a_waiter(eng), eng, 0.002),
                      _engine_runs_it(hvd, 0.003), 0.008)
+
+
+def test_submit_then_synchronize_of_one_cached_op_runs_its_round_alone(hvd, world, rank):
+    """The steady state (one cached name pending, no flag) takes the engine's short round; its results are
+    those of the general one."""
+    from horo.core.process_sets import global_process_set
+
+    eng = global_process_set.engine
+    x = np.zeros(1000, np.float32)
+    outs = []
+    before = eng.alone_rounds
+    for t in range(12):
+        x[:] = rank + t
+        sync_comm().Barrier()  # the ranks' rounds line up: no idle tick of a peer in between
+        outs.append(hvd.synchronize(hvd.allreduce_async_(x, op=hvd.Sum, name="alone.x")).copy())
+    alone = eng.alone_rounds - before
+
+    def _check():
+        for t, out in enumerate(outs):
+            assert_equal_arrays(out, np.full(1000, world * t + world * (world - 1) / 2, np.float32), f"step {t}")
+        # The first op is not cached yet; at one rank every later round has only itself to agree with.
+        check(alone == 11 if world == 1 else alone >= 1, f"{alone} of 12 ops ran in a round alone")
+
+    agree(_check)
+
+
+def test_a_lone_op_meets_ranks_with_more_pending(hvd, world, rank):
+    """Rank 0 runs a cached name alone while the others also have a second one pending: its short round sees
+    their different headers and falls back to the general one, which runs the first name and leaves the second
+    waiting, with the right values."""
+    from horo.core.process_sets import global_process_set
+
+    eng = global_process_set.engine
+    a, b = np.full(5, rank + 1.0), np.full(3, 10.0 * (rank + 1))
+    for _ in range(2):  # both names cached
+        hvd.synchronize(hvd.allreduce_async(a, op=hvd.Sum, name="lone.a"))
+        hvd.synchronize(hvd.allreduce_async(b, op=hvd.Sum, name="lone.b"))
+    sync_comm().Barrier()
+    if rank == 0:
+        before = eng.alone_rounds
+        out_a = hvd.synchronize(hvd.allreduce_async(a, op=hvd.Sum, name="lone.a"))
+        ran_alone = eng.alone_rounds - before
+        out_b = hvd.synchronize(hvd.allreduce_async(b, op=hvd.Sum, name="lone.b"))
+    else:
+        hb = hvd.allreduce_async(b, op=hvd.Sum, name="lone.b")
+        ha = hvd.allreduce_async(a, op=hvd.Sum, name="lone.a")
+        out_a, out_b, ran_alone = hvd.synchronize(ha), hvd.synchronize(hb), 0
+    s = world * (world + 1) / 2
+
+    def _check():
+        assert_equal_arrays(out_a, np.full(5, s), "lone.a")
+        assert_equal_arrays(out_b, np.full(3, 10.0 * s), "lone.b")
+        # With peers, lone.a can never be the only name pending everywhere: lone.b waits on them until rank 0
+        # submits it.
+        check(world == 1 or ran_alone == 0, f"lone.a ran in a round alone {ran_alone} times beside lone.b")
+
+    agree(_check)

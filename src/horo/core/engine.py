@@ -145,6 +145,7 @@ class Engine:
         self.cache_sigs: list[Signature] = []
         self.cache_names: list[str] = []
         self.ready_memo: dict[tuple[int, ...], list[str]] = {}  # bit-vector words -> the names they select
+        self.alone_memo: dict[int, tuple[int, np.ndarray, list[int]]] = {}  # bit -> header of it alone (_round_alone)
         self.capacity = config.int("HORO_CACHE_CAPACITY")
         self.threshold = config.int("HORO_FUSION_THRESHOLD")
         from mpi4py import MPI  # here, not at import: importing horo must not start MPI (see mpi_ops)
@@ -197,6 +198,7 @@ class Engine:
         self.stirs = 0  # submissions, waiters and requests to stop or join so far (see _stir)
         self.deferred_since: float | None = None  # when a submission left the engine asleep; None: woken
         self.wakes = 0  # times the engine thread woke while parked (a diagnostic: profiling reads it)
+        self.alone_rounds = 0  # rounds run by _round_alone (a diagnostic: tests read it)
         self.host_only = True
         self.finished = False
         self.last_round = 0.0
@@ -424,6 +426,60 @@ class Engine:
             stirs = self.stirs  # what happens from now on is news to this round's wait
         self.round_no += 1
         self.last_round = time.monotonic()
+        if (len(snapshot) == 1 and not shutting and not self.tuning and not self.joined and not self.stall_flag
+                and not state.leaving and BLOCKED.comm is None and not timeline.active and self.hierarchical is None):
+            req = snapshot[0]
+            bit = self.cache.get(req.name)
+            if bit is not None and self.cache_sigs[bit] == req.sig:
+                if self._round_alone(req, bit, stirs):
+                    return False
+                return self._round_of(snapshot, shutting, stirs, self.recv)  # headers gathered, ranks differ
+        return self._round_of(snapshot, shutting, stirs, None)
+
+    def _round_alone(self, req: Request, bit: int, stirs: int) -> bool:
+        """The steady state of submit-then-synchronize: one cached op pending and no flag on this rank.
+
+        Sends the header the general round would build (kept per bit) and, when every rank sent the very same
+        one, runs the op at once: the general round's matching and bookkeeping would find nothing to do. That
+        Python is a quarter of a small op's time, and right after a 1 MiB transfer each µs of it costs 2-4
+        (README, issue 15).
+
+        Returns:
+            False when the ranks' headers differ; ``self.recv`` then holds them for the general round.
+        """
+        words = (len(self.cache_sigs) + 63) // 64
+        memo = self.alone_memo.get(bit)
+        if memo is None or memo[0] != words:
+            if len(self.alone_memo) >= 256:
+                self.alone_memo.clear()
+            head = [0, 0] + [_signed(((1 << bit) >> (64 * i)) & _WORD) for i in range(words)]
+            hdr = np.array(head, dtype=np.int64)
+            memo = self.alone_memo[bit] = (words, hdr, head[_HDR:])
+        hdr = memo[1]
+        hdr[1] = int(time.time() * 1e6)
+        recv = self.recv
+        if recv.shape[1] != hdr.shape[0]:
+            recv = self.recv = np.empty((self.n, hdr.shape[0]), dtype=np.int64)
+        if watchdog.enabled():
+            with blocking("a round of the background engine"):
+                self._wait(self.comm.Iallgather(hdr, recv), stirs)
+        else:
+            self._wait(self.comm.Iallgather(hdr, recv), stirs)
+        mine = memo[2]
+        for row in recv.tolist():
+            if row[0] or row[_HDR:] != mine:
+                return False
+        if self.absent:
+            self.absent = set()
+        self.alone_rounds += 1
+        with self.cv:
+            self.pending.pop(req.name, None)
+        self._run_one(req)
+        self._inspect({})
+        return True
+
+    def _round_of(self, snapshot: list[Request], shutting: bool, stirs: int, gathered: np.ndarray | None) -> bool:
+        """The general round; ``gathered``: the headers, when :meth:`_round_alone` has exchanged them."""
         words = (len(self.cache_sigs) + 63) // 64
         tune = _TUNE if self.tuning else 0
         # The header is built from Python ints: each numpy call on a tiny array costs 1-5 µs here.
@@ -447,15 +503,18 @@ class Engine:
                      if self.tuner is not None and k is not None else [0] * _TUNE)
         for i in range(words):
             head.append(_signed((mask >> (64 * i)) & _WORD))
-        hdr = np.array(head, dtype=np.int64)
-        recv = self.recv
-        if recv.shape[1] != len(head):  # reused: rounds run one at a time, and each reads it within itself
-            recv = self.recv = np.empty((self.n, len(head)), dtype=np.int64)
-        if watchdog.enabled():
-            with blocking("a round of the background engine"):
-                self._wait(self.comm.Iallgather(hdr, recv), stirs)
+        if gathered is not None:  # the same header, already exchanged
+            recv = gathered
         else:
-            self._wait(self.comm.Iallgather(hdr, recv), stirs)
+            hdr = np.array(head, dtype=np.int64)
+            recv = self.recv
+            if recv.shape[1] != len(head):  # reused: rounds run one at a time, and each reads it within itself
+                recv = self.recv = np.empty((self.n, len(head)), dtype=np.int64)
+            if watchdog.enabled():
+                with blocking("a round of the background engine"):
+                    self._wait(self.comm.Iallgather(hdr, recv), stirs)
+            else:
+                self._wait(self.comm.Iallgather(hdr, recv), stirs)
         t_round = time.perf_counter()
         # Plain ints from here: a round runs per small op, and each numpy call on a tiny array costs ~1 µs.
         flags = recv[:, 0].tolist()
@@ -609,6 +668,7 @@ class Engine:
                 self.cache_sigs.clear()
                 self.cache_names.clear()
                 self.ready_memo.clear()  # bits are handed out afresh
+                self.alone_memo.clear()
         if self.threshold < max((b.nbytes for b in self._fusion.values()), default=0) // 2:
             self._fusion.clear()  # do not keep a 64 MiB buffer alive for a 1 MiB threshold
 
