@@ -123,6 +123,21 @@ def test_a_job_leaves_no_shared_memory_behind(tmp_path: Path) -> None:
 
 
 @pytest.mark.timeout(60)
+def test_a_singleton_leaves_no_shared_memory_behind() -> None:
+    # A script started without any launcher: Open MPI 5 left its 16 MiB segment in /dev/shm on every run.
+    shm = Path("/dev/shm")
+    if not shm.is_dir():
+        pytest.skip("no /dev/shm on this system")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OMPI_COMM_WORLD", "PMIX_", "PMI_"))}
+    before = set(os.listdir(shm))
+    out = subprocess.run([sys.executable, "-c", "import horo; horo.init(); print('SIZE', horo.size())"],
+                         env=env, capture_output=True, text=True, timeout=50, check=False)
+    assert out.returncode == 0 and "SIZE 1" in out.stdout, out.stdout + out.stderr
+    new = sorted(set(os.listdir(shm)) - before)  # the suite runs one job at a time
+    assert not new, f"left in /dev/shm after a singleton run: {new}"
+
+
+@pytest.mark.timeout(60)
 def test_three_ranks_oversubscribe_two_cores(tmp_path: Path) -> None:
     # -np 3 is more than this 2-core machine has; the launcher must start them all anyway.
     out = hororun("-np", "3", sys.executable, script(tmp_path, HELLO))

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
-__all__ = ["connect_pairs", "duplicate"]
+__all__ = ["connect_pairs", "duplicate", "singleton_segments"]
 
 #: Up to this many ranks, ``init`` opens the connections of every pair itself (see connect_pairs); above
 #: it, a full mesh of TCP connections (two or more sockets per pair) would cost more than it saves.
@@ -44,3 +45,21 @@ def connect_pairs(comm: Any) -> bool:
     reqs += [comm.Isend([out, MPI.BYTE], dest=r, tag=_TAG) for r in range(size) if r != me]
     MPI.Request.Waitall(reqs)
     return True
+
+
+def singleton_segments(mpi: Any) -> list[str]:
+    """Open MPI's shared-memory segment files of this process, when it runs as a singleton; else [].
+
+    A singleton (a script started without ``mpiexec``/``srun``) creates one in /dev/shm that nothing removes:
+    Open MPI 5 leaves the unlinking to its launcher's clean-up (open-mpi/ompi#13261), so each plain
+    ``python train.py`` left 16 MiB behind. ``init`` unlinks them at exit. Only then: a process it spawns may
+    still open this one by name while it runs.
+    """
+    if ("OMPI_COMM_WORLD_SIZE" in os.environ or "PMIX_RANK" in os.environ
+            or not mpi.Get_library_version().startswith("Open MPI") or mpi.Comm.Get_parent() != mpi.COMM_NULL):
+        return []
+    try:
+        with open("/proc/self/maps") as maps:
+            return sorted({line.split()[-1] for line in maps if "/sm_segment." in line})
+    except OSError:
+        return []

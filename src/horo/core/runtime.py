@@ -11,7 +11,7 @@ import traceback
 from collections.abc import Sequence
 from typing import Any
 
-from .comms import connect_pairs, duplicate
+from .comms import connect_pairs, duplicate, singleton_segments
 from .process_sets import ProcessSet, add_process_set, global_process_set, release
 from .state import require_init, state
 
@@ -103,6 +103,9 @@ def init(comm: Any = None, process_sets: Sequence[ProcessSet] | None = None) -> 
     if world.Get_size() > 1 and os.environ.get("HORO_ABORT_ON_ERROR", "1") != "0":
         sys.excepthook = _abort_on_uncaught
     if not _atexit_registered:
+        segments = singleton_segments(MPI)
+        if segments:
+            atexit.register(_unlink, segments)  # runs after the shut-down below: the last registered runs first
         atexit.register(_shutdown_at_exit)
         _atexit_registered = True
 
@@ -163,6 +166,14 @@ def _shutdown_at_exit() -> None:
             from mpi4py import MPI
 
             MPI.COMM_WORLD.Abort(1)
+
+
+def _unlink(paths: list[str]) -> None:
+    for path in paths:
+        try:
+            os.unlink(path)
+        except OSError:
+            pass  # gone already, or never ours to remove
 
 
 NETWORK_CHUNK_BYTES = 16 << 20
