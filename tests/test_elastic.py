@@ -27,9 +27,13 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def _ulfm() -> bool:
-    from mpi4py import MPI
-
-    return "Open MPI" in MPI.Get_library_version() and hasattr(MPI.Comm, "Shrink")
+    # In a child, without MPI_Init: importing mpi4py.MPI here would start a singleton in the pytest process,
+    # and each one left Open MPI's 16 MiB segment in /dev/shm.
+    code = ("import mpi4py; mpi4py.rc.initialize = mpi4py.rc.finalize = False\n"
+            "from mpi4py import MPI\n"
+            "print('Open MPI' in MPI.Get_library_version() and hasattr(MPI.Comm, 'Shrink'))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False)
+    return out.stdout.strip() == "True"
 
 
 needs_ulfm = pytest.mark.skipif(not _ulfm(), reason="elastic needs the embedded Open MPI (ULFM)")
