@@ -52,8 +52,8 @@ def singleton_segments(mpi: Any) -> list[str]:
 
     A singleton (a script started without ``mpiexec``/``srun``) creates one in /dev/shm that nothing removes:
     Open MPI 5 leaves the unlinking to its launcher's clean-up (open-mpi/ompi#13261), so each plain
-    ``python train.py`` left 16 MiB behind. ``init`` unlinks them at exit. Only then: a process it spawns may
-    still open this one by name while it runs.
+    ``python train.py`` left 16 MiB behind. ``init`` unlinks them at exit, not before: a process this one
+    spawns opens the segment by its name.
     """
     if ("OMPI_COMM_WORLD_SIZE" in os.environ or "PMIX_RANK" in os.environ
             or not mpi.Get_library_version().startswith("Open MPI") or mpi.Comm.Get_parent() != mpi.COMM_NULL):
