@@ -452,21 +452,13 @@ class Engine:
         if memo is None or memo[0] != words:
             if len(self.alone_memo) >= 256:
                 self.alone_memo.clear()
-            head = [0, 0] + [_signed(((1 << bit) >> (64 * i)) & _WORD) for i in range(words)]
+            head = [0, 0] + _mask_words(1 << bit, words)
             hdr = np.array(head, dtype=np.int64)
             memo = self.alone_memo[bit] = (words, hdr, head[_HDR:])
         hdr = memo[1]
         hdr[1] = int(time.time() * 1e6)
-        recv = self.recv
-        if recv.shape[1] != hdr.shape[0]:
-            recv = self.recv = np.empty((self.n, hdr.shape[0]), dtype=np.int64)
-        if watchdog.enabled():
-            with blocking("a round of the background engine"):
-                self._wait(self.comm.Iallgather(hdr, recv), stirs)
-        else:
-            self._wait(self.comm.Iallgather(hdr, recv), stirs)
         mine = memo[2]
-        for row in recv.tolist():
+        for row in self._exchange(hdr, stirs).tolist():
             if row[0] or row[_HDR:] != mine:
                 return False
         if self.absent:
@@ -477,6 +469,18 @@ class Engine:
         self._run_one(req)
         self._inspect({})
         return True
+
+    def _exchange(self, hdr: np.ndarray, stirs: int) -> np.ndarray:
+        """Allgather this rank's round header; returns every rank's, one row each."""
+        recv = self.recv
+        if recv.shape[1] != hdr.shape[0]:  # reused: rounds run one at a time, and each reads it within itself
+            recv = self.recv = np.empty((self.n, hdr.shape[0]), dtype=np.int64)
+        if watchdog.enabled():
+            with blocking("a round of the background engine"):
+                self._wait(self.comm.Iallgather(hdr, recv), stirs)
+        else:
+            self._wait(self.comm.Iallgather(hdr, recv), stirs)
+        return recv
 
     def _round_of(self, snapshot: list[Request], shutting: bool, stirs: int, gathered: np.ndarray | None) -> bool:
         """The general round; ``gathered``: the headers, when :meth:`_round_alone` has exchanged them."""
@@ -501,20 +505,8 @@ class Engine:
             head += ([self.tuner.seq, k.fusion_threshold, round(k.cycle_time_ms * 1000), k.chunk_bytes,
                       int(k.cache_enabled) | int(k.hierarchical_allreduce) << 1 | int(k.hierarchical_allgather) << 2]
                      if self.tuner is not None and k is not None else [0] * _TUNE)
-        for i in range(words):
-            head.append(_signed((mask >> (64 * i)) & _WORD))
-        if gathered is not None:  # the same header, already exchanged
-            recv = gathered
-        else:
-            hdr = np.array(head, dtype=np.int64)
-            recv = self.recv
-            if recv.shape[1] != len(head):  # reused: rounds run one at a time, and each reads it within itself
-                recv = self.recv = np.empty((self.n, len(head)), dtype=np.int64)
-            if watchdog.enabled():
-                with blocking("a round of the background engine"):
-                    self._wait(self.comm.Iallgather(hdr, recv), stirs)
-            else:
-                self._wait(self.comm.Iallgather(hdr, recv), stirs)
+        head += _mask_words(mask, words)
+        recv = gathered if gathered is not None else self._exchange(np.array(head, dtype=np.int64), stirs)
         t_round = time.perf_counter()
         # Plain ints from here: a round runs per small op, and each numpy call on a tiny array costs ~1 µs.
         flags = recv[:, 0].tolist()
@@ -921,6 +913,11 @@ _WORD = (1 << 64) - 1
 def _signed(word: int) -> int:
     """An unsigned 64-bit word as the int64 it is sent as."""
     return word - (1 << 64) if word >> 63 else word
+
+
+def _mask_words(mask: int, words: int) -> list[int]:
+    """A bit mask as ``words`` int64 words, least significant first (the header's bit vector)."""
+    return [_signed((mask >> (64 * i)) & _WORD) for i in range(words)]
 
 
 def _set_bits(words: list[int]) -> list[int]:
