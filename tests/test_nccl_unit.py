@@ -1,4 +1,4 @@
-"""CPU unit tests of the NCCL / GPU layer (horo.core.nccl, device, device_collectives).
+"""CPU unit tests of the NCCL / GPU layer (horo.core.nccl, device, backends.gpu, the operand checks).
 
 Only pure functions and the CPU branches of the staging helpers are tested here: no GPU, no MPI job and no
 fake collectives. The GPU paths are exercised by tests/gpu/test_nccl_gpu.py on a CUDA machine.
@@ -14,7 +14,9 @@ import textwrap
 import numpy as np
 import pytest
 
-from horo.core import async_ops, collectives, device, device_collectives, mpi_ops, nccl
+from horo.core import backends, checks, collectives, device, mpi_ops, nccl, signatures
+from horo.core.backends import gpu as gpu_backend
+from horo.core.backends import host as host_backend
 from horo.core.dtypes import BFLOAT16, SUPPORTED_DTYPES
 from horo.core.ops import Adasum, Average, Max, Min, Product, Sum
 
@@ -333,30 +335,57 @@ def test_staging_is_announced_once(caplog: pytest.LogCaptureFixture, monkeypatch
     assert len(lines) == 1 and "test reason" in lines[0] and "HINT" in lines[0]
 
 
-# ------------------------------------------------------------------------------------------ routing API
-PAIRS = [(collectives, name) for name in ("allreduce", "allreduce_", "grouped_allreduce", "grouped_allreduce_",
-                                          "allgather", "grouped_allgather", "broadcast", "broadcast_", "alltoall",
-                                          "reducescatter", "grouped_reducescatter")]
-PAIRS += [(async_ops, name) for name in ("allreduce_async", "allreduce_async_", "grouped_allreduce_async",
-                                         "grouped_allreduce_async_", "allgather_async", "broadcast_async",
-                                         "broadcast_async_", "alltoall_async", "reducescatter_async")]
+# ------------------------------------------------------------------------------------------ routing
+BACKEND_FUNCS = sorted(set(host_backend.__all__) - {"reduce_group"})
 
 
-@pytest.mark.parametrize(("module", "name"), PAIRS, ids=[n for _, n in PAIRS])
-def test_device_twins_take_the_host_signature(module: object, name: str) -> None:
-    host = inspect.signature(getattr(module, name))
-    twin = inspect.signature(getattr(device_collectives, "device_" + name))
-    strip = [p.replace(annotation=inspect.Parameter.empty) for p in host.parameters.values()]
-    twin_params = [p.replace(annotation=inspect.Parameter.empty) for p in twin.parameters.values()]
-    assert twin_params == strip
+@pytest.mark.parametrize("name", BACKEND_FUNCS)
+def test_both_backends_take_the_same_arguments(name: str) -> None:
+    def params(fn: object) -> list[str]:
+        return list(inspect.signature(fn).parameters)  # type: ignore[arg-type]
+
+    assert name in gpu_backend.__all__
+    assert params(getattr(gpu_backend, name)) == params(getattr(host_backend, name))
+
+
+class _CudaLike:
+    """Something a producer could hand over: CUDA memory per DLPack, with a dtype and a shape."""
+
+    dtype = np.dtype(np.float32)
+    shape = (4, 2)
+
+    def __dlpack_device__(self) -> tuple[int, int]:
+        return (device.KDL_CUDA, 0)
+
+
+def test_operands_pick_the_backend_by_where_the_buffers_live() -> None:
+    host_x = checks.operand(np.zeros(3, np.float32), "horo.allreduce")
+    gpu_x = checks.operand(_CudaLike(), "horo.allreduce")
+    assert isinstance(host_x, np.ndarray) and backends.of(host_x) is host_backend
+    assert gpu_x == device.DeviceMeta(np.dtype(np.float32), (4, 2)) and backends.of(gpu_x) is gpu_backend
+
+
+def test_mixing_host_and_gpu_tensors_in_one_call_raises_before_any_communication() -> None:
+    with pytest.raises(TypeError, match=r"tensors\[1\].*HINT: do not mix host and GPU tensors"):
+        checks.operands([_CudaLike(), np.zeros(2, np.float32)], "horo.grouped_allreduce")
+    with pytest.raises(TypeError, match=r"tensors\[2\]"):
+        checks.operands([np.zeros(2), np.zeros(2), _CudaLike()], "horo.grouped_allreduce")
+
+
+def test_the_core_has_no_device_twins() -> None:
+    import horo.core as core
+
+    assert not hasattr(core, "device_collectives")
+    for mod in (collectives, core.async_ops):
+        assert not [n for n in vars(mod) if n.startswith("device_")], mod.__name__
 
 
 def test_device_signature_marker() -> None:
     meta = device.DeviceMeta(np.dtype(np.float32), (2,))
-    sig = device_collectives._sig_allreduce(meta, "g", Average, 1.0, 1.0)
-    assert device_collectives.is_device_signature(sig)
+    sig = signatures.allreduce_sig(meta, "g", Average, 1.0, 1.0)
+    assert signatures.is_device_signature(sig)
     host_sig = collectives.allreduce_sig(np.zeros(2, np.float32), "g", Average, 1.0, 1.0)
-    assert not device_collectives.is_device_signature(host_sig)
+    assert not signatures.is_device_signature(host_sig)
     assert sig[:-1] == host_sig  # same fields as the host op, plus device=cuda
 
 
@@ -364,7 +393,8 @@ def test_imports_and_errors_without_cupy() -> None:
     code = textwrap.dedent("""
         import sys
         sys.modules["cupy"] = None  # as if the nccl extra were not installed
-        from horo.core import device, device_collectives, nccl
+        from horo.core import device, nccl
+        from horo.core.backends import gpu
         assert device.cupy_or_none() is None
         try:
             nccl.load_cupy()

@@ -25,7 +25,6 @@ def run_checks(to_dev: Callable[[np.ndarray], Arr], to_host: Callable[[Arr], np.
     """All checks; returns this rank's failures. horo must be initialised."""
     import horo
     from horo.core import collectives as C
-    from horo.core import device_collectives as D
     from horo.core import nccl as N
     from horo.core.dtypes import BFLOAT16
     from horo.core.process_sets import global_process_set
@@ -66,18 +65,18 @@ def run_checks(to_dev: Callable[[np.ndarray], Arr], to_host: Callable[[Arr], np.
             fails.append(f"{what}: {type(exc).__name__}: {exc}")
 
     def allreduce_case(x: np.ndarray, op: Any, pre: float, post: float, want: np.ndarray, what: str) -> None:
-        same(D.device_allreduce(to_dev(x), op=op, prescale_factor=pre, postscale_factor=post), want, what)
+        same(horo.allreduce(to_dev(x), op=op, prescale_factor=pre, postscale_factor=post), want, what)
         t = to_dev(x)
-        same(D.device_allreduce_(t, op=op, prescale_factor=pre, postscale_factor=post), want, what + " in place",
+        same(horo.allreduce_(t, op=op, prescale_factor=pre, postscale_factor=post), want, what + " in place",
              inplace_of=t)
-        h = D.device_allreduce_async(to_dev(x), name="chk.a", op=op, prescale_factor=pre, postscale_factor=post)
+        h = horo.allreduce_async(to_dev(x), name="chk.a", op=op, prescale_factor=pre, postscale_factor=post)
         same(horo.synchronize(h), want, what + " async")
         t = to_dev(x)
-        h = D.device_allreduce_async_(t, name="chk.b", op=op, prescale_factor=pre, postscale_factor=post)
+        h = horo.allreduce_async_(t, name="chk.b", op=op, prescale_factor=pre, postscale_factor=post)
         same(horo.synchronize(h), want, what + " async in place", inplace_of=t)
 
     # First op creates the backend: check the mode it chose.
-    D.device_allreduce(to_dev(np.ones(4, np.float32)))
+    horo.allreduce(to_dev(np.ones(4, np.float32)))
     be = N.backend_for(global_process_set.comm, None)
     if be.mode != expect_mode:
         fails.append(f"backend mode {be.mode!r} ({be.reason}), expected {expect_mode!r}")
@@ -96,21 +95,21 @@ def run_checks(to_dev: Callable[[np.ndarray], Arr], to_host: Callable[[Arr], np.
                     guard(what, functools.partial(allreduce_case, x, op, pre, post, want, what))
         x = data(dt, (3 + me, 2, 2))
         guard(f"allgather {dt}", lambda x=x, dt=dt: (
-            same(D.device_allgather(to_dev(x)), C.allgather(x), f"allgather {dt}"),
-            same(horo.synchronize(D.device_allgather_async(to_dev(x), name="chk.g")), C.allgather(x),
+            same(horo.allgather(to_dev(x)), C.allgather(x), f"allgather {dt}"),
+            same(horo.synchronize(horo.allgather_async(to_dev(x), name="chk.g")), C.allgather(x),
                  f"allgather async {dt}")))
         for root in range(n):
             x = data(dt, (4, 3))
             want = C.broadcast(x, root)
 
             def bcast(x: np.ndarray = x, want: np.ndarray = want, root: int = root, dt: np.dtype = dt) -> None:
-                same(D.device_broadcast(to_dev(x), root), want, f"broadcast {dt} root={root}")
+                same(horo.broadcast(to_dev(x), root), want, f"broadcast {dt} root={root}")
                 t = to_dev(x)
-                same(D.device_broadcast_(t, root), want, f"broadcast_ {dt} root={root}", inplace_of=t)
-                same(horo.synchronize(D.device_broadcast_async(to_dev(x), root, name="chk.c")), want,
+                same(horo.broadcast_(t, root), want, f"broadcast_ {dt} root={root}", inplace_of=t)
+                same(horo.synchronize(horo.broadcast_async(to_dev(x), root, name="chk.c")), want,
                      f"broadcast async {dt}")
                 t = to_dev(x)
-                same(horo.synchronize(D.device_broadcast_async_(t, root, name="chk.d")), want,
+                same(horo.synchronize(horo.broadcast_async_(t, root, name="chk.d")), want,
                      f"broadcast async_ {dt}", inplace_of=t)
 
             guard(f"broadcast {dt}", bcast)
@@ -120,9 +119,9 @@ def run_checks(to_dev: Callable[[np.ndarray], Arr], to_host: Callable[[Arr], np.
 
         def a2a(x: np.ndarray = x, want: np.ndarray = want, wsplits: Any = wsplits, dt: np.dtype = dt,
                 splits: list[int] = splits) -> None:
-            got, gs = D.device_alltoall(to_dev(x), splits)
+            got, gs = horo.alltoall(to_dev(x), splits)
             same(got, want, f"alltoall {dt}")
-            got, gs2 = horo.synchronize(D.device_alltoall_async(to_dev(x), splits, name="chk.e"))
+            got, gs2 = horo.synchronize(horo.alltoall_async(to_dev(x), splits, name="chk.e"))
             same(got, want, f"alltoall async {dt}")
             if list(gs) != list(wsplits) or list(gs2) != list(wsplits):
                 fails.append(f"alltoall splits {list(gs)} / {list(gs2)}, want {list(wsplits)}")
@@ -134,8 +133,8 @@ def run_checks(to_dev: Callable[[np.ndarray], Arr], to_host: Callable[[Arr], np.
                 for op in (horo.Sum, horo.Average):
                     want = C.reducescatter(x, op=op)
                     guard(f"reducescatter {dt} {dim0} {op}", lambda x=x, want=want, op=op, dt=dt, dim0=dim0: (
-                        same(D.device_reducescatter(to_dev(x), op=op), want, f"reducescatter {dt} {dim0} {op}"),
-                        same(horo.synchronize(D.device_reducescatter_async(to_dev(x), op=op, name="chk.f")), want,
+                        same(horo.reducescatter(to_dev(x), op=op), want, f"reducescatter {dt} {dim0} {op}"),
+                        same(horo.synchronize(horo.reducescatter_async(to_dev(x), op=op, name="chk.f")), want,
                              f"reducescatter async {dt} {dim0} {op}")))
 
     # grouped, mixed dtypes (small ones fused, one large one reduced in place)
@@ -143,12 +142,12 @@ def run_checks(to_dev: Callable[[np.ndarray], Arr], to_host: Callable[[Arr], np.
     wants = C.grouped_allreduce([x.copy() for x in xs], op=horo.Sum)
 
     def grouped() -> None:
-        for i, g in enumerate(D.device_grouped_allreduce([to_dev(x) for x in xs], op=horo.Sum)):
+        for i, g in enumerate(horo.grouped_allreduce([to_dev(x) for x in xs], op=horo.Sum)):
             same(g, wants[i], f"grouped[{i}]")
         ts = [to_dev(x) for x in xs]
-        for i, g in enumerate(D.device_grouped_allreduce_(ts, op=horo.Sum)):
+        for i, g in enumerate(horo.grouped_allreduce_(ts, op=horo.Sum)):
             same(g, wants[i], f"grouped_[{i}]", inplace_of=ts[i])
-        res = horo.synchronize(D.device_grouped_allreduce_async([to_dev(x) for x in xs], name="chk.h", op=horo.Sum))
+        res = horo.synchronize(horo.grouped_allreduce_async([to_dev(x) for x in xs], name="chk.h", op=horo.Sum))
         for i, g in enumerate(res):
             same(g, wants[i], f"grouped async[{i}]")
 

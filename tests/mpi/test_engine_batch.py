@@ -1,6 +1,6 @@
 """Requests with a ``batch_key`` (engine.Request): those ready in one round run together through ``run_batch``.
 
-GPU allreduces use this to run as one NCCL group (device_collectives._run_allreduces, checked on a GPU by
+GPU allreduces use this to run as one NCCL group (backends.gpu._run_allreduces, checked on a GPU by
 tests/gpu/torch_checks.py). Here the engine's part runs on host arrays, at any world size.
 """
 

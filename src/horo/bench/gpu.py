@@ -8,7 +8,7 @@
 For every size, three variants run interleaved, in place, on equally sized CuPy buffers:
 
 - ``raw``: ``NcclCommunicator.allReduce`` on the very NCCL communicator horo uses (no agreement step);
-- ``horo``: horo's GPU allreduce (``device_collectives.device_allreduce_``: agreement over MPI, then NCCL);
+- ``horo``: horo's GPU allreduce (``horo.allreduce_`` on the CuPy buffer: checks and agreement over MPI, then NCCL);
 - ``staged``: the fallback without NCCL: device-to-host copy, ``horo.allreduce_`` over MPI, host-to-device copy.
 
 Every call ends with a stream synchronisation, so the host clock measures finished work. Time is the median
@@ -95,7 +95,6 @@ def main(argv: list[str]) -> int:
 
     import horo
     from horo.core import collectives, device, nccl
-    from horo.core import device_collectives as dc
     from horo.core.process_sets import global_process_set
 
     horo.init()
@@ -105,7 +104,7 @@ def main(argv: list[str]) -> int:
     cupy.cuda.Device(gpu).use()
     stream = cupy.cuda.get_current_stream()
     dtype = np.dtype(args.dtype)
-    dc.device_allreduce_(cupy.zeros(1, dtype=dtype), op=horo.Sum)  # creates the backend (collective)
+    horo.allreduce_(cupy.zeros(1, dtype=dtype), op=horo.Sum)  # creates the backend (collective)
     be = nccl.backend_for(global_process_set.comm, gpu)
     use_raw = be.mode == "nccl"
     if rank == 0:
@@ -127,7 +126,7 @@ def main(argv: list[str]) -> int:
         real = count * dtype.itemsize
         bufs = {v: cupy.ones(count, dtype=dtype) for v in VARIANTS}
         # Correctness once (ones -> n everywhere), then zeros so repeated in-place sums stay finite.
-        dc.device_allreduce_(bufs["horo"], op=horo.Sum)
+        horo.allreduce_(bufs["horo"], op=horo.Sum)
         host = cupy.asnumpy(bufs["staged"])
         collectives.allreduce_(host, op=horo.Sum)
         bufs["staged"].set(host)
@@ -148,7 +147,7 @@ def main(argv: list[str]) -> int:
             variants["raw"] = raw
 
         def via_horo(b: Any = bufs["horo"]) -> None:
-            dc.device_allreduce_(b, op=horo.Sum)
+            horo.allreduce_(b, op=horo.Sum)
             stream.synchronize()
 
         def staged(b: Any = bufs["staged"]) -> None:

@@ -1,19 +1,21 @@
-"""Asynchronous collectives: validated now, negotiated by name and run by the process set's engine."""
+"""Asynchronous collectives: checked now, negotiated by name and run by the process set's engine.
+
+Each is written once: the local checks and the signature here, then the backend picked by where the
+buffers live (``backends``) builds the engine request that moves the data.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from typing import Any
 
-import numpy as np
-
-from . import mpi_ops
-from .checks import host, name_arg, need_dim, reduce_args, root_arg, splits_arg
-from .collectives import _broadcast_sig, _writable, allreduce_sig, grouped_sig, reduce_group
-from .device import gpu_twin
-from .engine import Request, auto_name, poll, submit, synchronize
+from . import backends
+from .checks import name_arg, need_dim, operand, operands, reduce_args, root_arg, splits_arg
+from .collectives import host_splits
+from .engine import auto_name, poll, submit, synchronize
 from .ops import Average, Sum
 from .process_sets import ProcessSet, resolve
+from .signatures import allgather_sig, allreduce_sig, alltoall_sig, broadcast_sig, grouped_sig, reducescatter_sig
 
 __all__ = [
     "allreduce_async", "allreduce_async_", "grouped_allreduce_async", "grouped_allreduce_async_",
@@ -22,157 +24,118 @@ __all__ = [
 ]
 
 
-def _allreduce_req(arr: np.ndarray, out: np.ndarray, name: str | None, op: Any, average: Any, pre: Any,
-                   post: Any, what: str) -> Request:
-    rop, pre_f, post_f = reduce_args(arr, op, average, pre, post, what)
-    name = name_arg(name, what) or auto_name("allreduce")
-    send = arr if arr.flags.c_contiguous else np.ascontiguousarray(arr)
-    return Request(name, allreduce_sig(arr, name, rop, pre_f, post_f), send=send, out=out, op=rop, pre=pre_f,
-                   post=post_f)
-
-
-@gpu_twin
 def allreduce_async(tensor: Any, average: bool | None = None, name: str | None = None, op: Any = None,
                     prescale_factor: float = 1.0, postscale_factor: float = 1.0,
                     process_set: ProcessSet | None = None) -> int:
-    """Start an allreduce; ``synchronize(handle)`` returns a new array. Do not modify ``tensor`` until then."""
-    what = "horo.allreduce_async"
-    ps = resolve(process_set, what)
-    arr = host(tensor, what)
-    req = _allreduce_req(arr, mpi_ops.result_buffer(arr.shape, arr.dtype), name, op, average, prescale_factor,
-                         postscale_factor, what)
-    return submit(ps.engine, req)
+    """Start an allreduce; ``synchronize(handle)`` returns a new tensor. Do not modify ``tensor`` until then."""
+    return _allreduce_async(False, tensor, average, name, op, prescale_factor, postscale_factor, process_set)
 
 
-@gpu_twin
-def allreduce_async_(tensor: np.ndarray, average: bool | None = None, name: str | None = None, op: Any = None,
+def allreduce_async_(tensor: Any, average: bool | None = None, name: str | None = None, op: Any = None,
                      prescale_factor: float = 1.0, postscale_factor: float = 1.0,
                      process_set: ProcessSet | None = None) -> int:
     """Start an in-place allreduce; ``synchronize(handle)`` returns ``tensor`` holding the result."""
-    what = "horo.allreduce_async_"
+    return _allreduce_async(True, tensor, average, name, op, prescale_factor, postscale_factor, process_set)
+
+
+def _allreduce_async(inplace: bool, tensor: Any, average: Any, name: Any, op: Any, prescale_factor: Any,
+                     postscale_factor: Any, process_set: Any) -> int:
+    what = "horo.allreduce_async_" if inplace else "horo.allreduce_async"
     ps = resolve(process_set, what)
-    arr = _writable(tensor, what)
-    if arr.flags.c_contiguous:
-        req = _allreduce_req(arr, arr, name, op, average, prescale_factor, postscale_factor, what)
-    else:  # reduce a contiguous copy, then write it back into the caller's strided view
-        tmp = np.ascontiguousarray(arr)
-        req = _allreduce_req(tmp, tmp, name, op, average, prescale_factor, postscale_factor, what)
-        rop, pre, post = req.op, req.pre, req.post
-
-        def run(comm: Any) -> np.ndarray:
-            mpi_ops.allreduce_into(comm, tmp, tmp, rop, pre, post)
-            arr[...] = tmp
-            return arr
-
-        req.run, req.fuse_key = run, None
-    return submit(ps.engine, req)
+    x = operand(tensor, what, writable=inplace)
+    rop, pre, post = reduce_args(x, op, average, prescale_factor, postscale_factor, what)  # type: ignore[arg-type]
+    name = name_arg(name, what) or auto_name("allreduce")
+    sig = allreduce_sig(x, name, rop, pre, post)
+    return submit(ps.engine, backends.of(x).allreduce_request(ps, name, sig, tensor, x, rop, pre, post, inplace,
+                                                                what))
 
 
-@gpu_twin
 def grouped_allreduce_async(tensors: Sequence[Any], average: bool | None = None, name: str | None = None,
                             op: Any = None, prescale_factor: float = 1.0, postscale_factor: float = 1.0,
-                            process_set: ProcessSet | None = None, _inplace: bool = False) -> int:
+                            process_set: ProcessSet | None = None) -> int:
     """Start a grouped allreduce; ``synchronize(handle)`` returns the list of results."""
-    what = "horo.grouped_allreduce_async" + ("_" if _inplace else "")
+    return _grouped_allreduce_async(False, tensors, average, name, op, prescale_factor, postscale_factor,
+                                    process_set)
+
+
+def grouped_allreduce_async_(tensors: Sequence[Any], average: bool | None = None, name: str | None = None,
+                             op: Any = None, prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+                             process_set: ProcessSet | None = None) -> int:
+    """Start an in-place grouped allreduce; ``synchronize(handle)`` returns the inputs, holding the results."""
+    return _grouped_allreduce_async(True, tensors, average, name, op, prescale_factor, postscale_factor,
+                                    process_set)
+
+
+def _grouped_allreduce_async(inplace: bool, tensors: Sequence[Any], average: Any, name: Any, op: Any,
+                             prescale_factor: Any, postscale_factor: Any, process_set: Any) -> int:
+    what = "horo.grouped_allreduce_async_" if inplace else "horo.grouped_allreduce_async"
     ps = resolve(process_set, what)
     if not isinstance(tensors, (list, tuple)) or not tensors:
         raise TypeError(f"{what} takes a non-empty list of tensors. Received: tensors={tensors!r}.")
-    arrs = [(_writable(t, what) if _inplace else host(t, what, f"tensors[{i}]")) for i, t in enumerate(tensors)]
-    rop, pre, post = reduce_args(arrs[0], op, average, prescale_factor, postscale_factor, what)
-    for a in arrs[1:]:
-        reduce_args(a, op, average, prescale_factor, postscale_factor, what)
+    xs = operands(tensors, what, writable=inplace)
+    rop, pre, post = reduce_args(xs[0], op, average, prescale_factor, postscale_factor, what)  # type: ignore[arg-type]
+    for x in xs[1:]:
+        reduce_args(x, op, average, prescale_factor, postscale_factor, what)  # type: ignore[arg-type]
     name = name_arg(name, what) or auto_name("grouped_allreduce")
-    snapshot = [a if a.flags.c_contiguous else np.ascontiguousarray(a) for a in arrs]
-
-    def run(comm: Any) -> list[np.ndarray]:
-        return reduce_group(comm, snapshot, rop, pre, post, outs=arrs if _inplace else None)
-
-    return submit(ps.engine, Request(name, grouped_sig(arrs, name, rop, pre, post), run))
+    sig = grouped_sig(xs, name, rop, pre, post)
+    return submit(ps.engine, backends.of(xs[0]).grouped_allreduce_request(ps, name, sig, tensors, xs, rop, pre, post,
+                                                                          inplace, what))
 
 
-@gpu_twin
-def grouped_allreduce_async_(tensors: Sequence[np.ndarray], average: bool | None = None, name: str | None = None,
-                             op: Any = None, prescale_factor: float = 1.0, postscale_factor: float = 1.0,
-                             process_set: ProcessSet | None = None) -> int:
-    return grouped_allreduce_async(tensors, average, name, op, prescale_factor, postscale_factor, process_set,
-                                   _inplace=True)
-
-
-@gpu_twin
 def allgather_async(tensor: Any, name: str | None = None, process_set: ProcessSet | None = None) -> int:
+    """Start an allgather; ``synchronize(handle)`` returns the concatenation along dim 0."""
     what = "horo.allgather_async"
     ps = resolve(process_set, what)
-    arr = host(tensor, what)
-    need_dim(arr, what)
+    x = operand(tensor, what)
+    need_dim(x, what)  # type: ignore[arg-type]
     name = name_arg(name, what) or auto_name("allgather")
-    send = np.ascontiguousarray(arr)
-    sig = (("collective", "allgather"), ("name", name), ("dtype", arr.dtype), ("shape[1:]", arr.shape[1:]))
-
-    def run(comm: Any) -> np.ndarray:
-        counts = np.empty(comm.Get_size(), dtype=np.int64)
-        comm.Allgather(np.array([send.shape[0]], dtype=np.int64), counts)
-        return mpi_ops.allgather(comm, send, counts)
-
-    return submit(ps.engine, Request(name, sig, run))
+    return submit(ps.engine, backends.of(x).allgather_request(ps, name, allgather_sig(x, name), tensor, x, what))
 
 
-def _broadcast_async(tensor: Any, root_rank: int, name: str | None, process_set: Any, inplace: bool) -> int:
-    what = "horo.broadcast_async" + ("_" if inplace else "")
-    ps = resolve(process_set, what)
-    arr = _writable(tensor, what) if inplace else host(tensor, what)
-    root = root_arg(root_rank, ps, what)
-    name = name_arg(name, what) or auto_name("broadcast")
-
-    def run(comm: Any) -> np.ndarray:
-        if inplace and arr.flags.c_contiguous:
-            return mpi_ops.broadcast_into(comm, arr, root)
-        buf = np.array(arr, order="C", copy=True)
-        mpi_ops.broadcast_into(comm, buf, root)
-        if inplace:
-            arr[...] = buf
-            return arr
-        return buf
-
-    return submit(ps.engine, Request(name, _broadcast_sig(arr, int(root_rank), name), run))
-
-
-@gpu_twin
 def broadcast_async(tensor: Any, root_rank: int, name: str | None = None,
                     process_set: ProcessSet | None = None) -> int:
-    return _broadcast_async(tensor, root_rank, name, process_set, inplace=False)
+    """Start a broadcast; ``synchronize(handle)`` returns a new tensor holding root_rank's values."""
+    return _broadcast_async(False, tensor, root_rank, name, process_set)
 
 
-@gpu_twin
-def broadcast_async_(tensor: np.ndarray, root_rank: int, name: str | None = None,
+def broadcast_async_(tensor: Any, root_rank: int, name: str | None = None,
                      process_set: ProcessSet | None = None) -> int:
-    return _broadcast_async(tensor, root_rank, name, process_set, inplace=True)
+    """Start an in-place broadcast; ``synchronize(handle)`` returns ``tensor``."""
+    return _broadcast_async(True, tensor, root_rank, name, process_set)
 
 
-@gpu_twin
+def _broadcast_async(inplace: bool, tensor: Any, root_rank: Any, name: Any, process_set: Any) -> int:
+    what = "horo.broadcast_async_" if inplace else "horo.broadcast_async"
+    ps = resolve(process_set, what)
+    x = operand(tensor, what, writable=inplace)
+    root = root_arg(root_rank, ps, what)
+    name = name_arg(name, what) or auto_name("broadcast")
+    sig = broadcast_sig(x, int(root_rank), name)
+    return submit(ps.engine, backends.of(x).broadcast_request(ps, name, sig, tensor, x, root, inplace, what))
+
+
 def alltoall_async(tensor: Any, splits: Any = None, name: str | None = None,
                    process_set: ProcessSet | None = None) -> int:
+    """Start an alltoall; ``synchronize(handle)`` returns (received rows, received splits)."""
     what = "horo.alltoall_async"
     ps = resolve(process_set, what)
-    arr = host(tensor, what)
-    need_dim(arr, what)
-    s = splits_arg(splits, arr, ps.size(), what)
+    x = operand(tensor, what)
+    need_dim(x, what)  # type: ignore[arg-type]
+    s = splits_arg(host_splits(splits), x, ps.size(), what)  # type: ignore[arg-type]
     name = name_arg(name, what) or auto_name("alltoall")
-    send = np.ascontiguousarray(arr)
-    sig = (("collective", "alltoall"), ("name", name), ("dtype", arr.dtype), ("shape[1:]", arr.shape[1:]))
-    return submit(ps.engine, Request(name, sig, lambda comm: mpi_ops.alltoall(comm, send, s)))
+    return submit(ps.engine, backends.of(x).alltoall_request(ps, name, alltoall_sig(x, name), tensor, x, s, what))
 
 
-@gpu_twin
 def reducescatter_async(tensor: Any, op: Any = Average, name: str | None = None,
                         process_set: ProcessSet | None = None, prescale_factor: float = 1.0,
                         postscale_factor: float = 1.0) -> int:
+    """Start a reducescatter; ``synchronize(handle)`` returns this rank's slice of the reduction."""
     what = "horo.reducescatter_async"
     ps = resolve(process_set, what)
-    arr = host(tensor, what)
-    need_dim(arr, what)
-    rop, pre, post = reduce_args(arr, op, None, prescale_factor, postscale_factor, what, allowed=(Sum, Average))
+    x = operand(tensor, what)
+    need_dim(x, what)  # type: ignore[arg-type]
+    rop, pre, post = reduce_args(x, op, None, prescale_factor, postscale_factor, what,  # type: ignore[arg-type]
+                                 allowed=(Sum, Average))
     name = name_arg(name, what) or auto_name("reducescatter")
-    send = np.ascontiguousarray(arr)
-    sig = (("collective", "reducescatter"), ("name", name), ("dtype", arr.dtype), ("shape", arr.shape),
-           ("op", rop), ("prescale_factor", pre), ("postscale_factor", post))
-    return submit(ps.engine, Request(name, sig, lambda comm: mpi_ops.reducescatter(comm, send, rop, pre, post)))
+    sig = reducescatter_sig(x, name, rop, pre, post)
+    return submit(ps.engine, backends.of(x).reducescatter_request(ps, name, sig, tensor, x, rop, pre, post, what))

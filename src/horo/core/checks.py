@@ -7,12 +7,15 @@ from typing import Any
 
 import numpy as np
 
+from . import device
+from .device import DeviceMeta
 from .dtypes import BFLOAT16, as_host_array
 from .errors import HoroTypeError, HoroValueError
 from .ops import Adasum, Average, ReduceOp, resolve_op
 from .process_sets import ProcessSet
 
-__all__ = ["host", "name_arg", "scale_arg", "reduce_args", "root_arg", "splits_arg", "need_dim"]
+__all__ = ["host", "operand", "operands", "name_arg", "scale_arg", "reduce_args", "root_arg", "splits_arg",
+           "need_dim"]
 
 
 def host(tensor: Any, what: str, arg: str = "tensor") -> np.ndarray:
@@ -20,6 +23,47 @@ def host(tensor: Any, what: str, arg: str = "tensor") -> np.ndarray:
         return as_host_array(tensor, arg)
     except TypeError as exc:
         raise TypeError(f"{what}: {exc}") from None
+
+
+def operand(tensor: Any, what: str, arg: str = "tensor", writable: bool = False) -> np.ndarray | DeviceMeta:
+    """What a collective works on: a numpy view of a host tensor, or the dtype and shape of a GPU tensor.
+
+    Which of the two it is picks the backend (see ``backends``). Nothing here touches GPU memory.
+
+    Args:
+        writable: the call writes into ``tensor`` (in-place forms).
+    """
+    if tensor.__class__ is not np.ndarray and device.is_device_array(tensor):
+        try:
+            meta = device.device_meta(tensor, arg)
+        except TypeError as exc:
+            raise TypeError(f"{what}: {exc}") from None
+        if writable:
+            device.check_writable(tensor, what)
+        return meta
+    arr = host(tensor, what, arg)
+    if writable and not arr.flags.writeable:
+        raise ValueError(
+            f"{what} writes into its input, which is read-only. Received: {arg} of type "
+            f"{type(tensor).__name__}. HINT: use the out-of-place form (without the trailing underscore)."
+        )
+    return arr
+
+
+def operands(tensors: Any, what: str, writable: bool = False) -> list[Any]:
+    """:func:`operand` of each tensor of a list; all on the host or all on GPUs."""
+    if not isinstance(tensors, (list, tuple)):
+        raise TypeError(f"{what} takes a list of tensors. Received: tensors of type {type(tensors).__name__}.")
+    xs = [operand(t, what, f"tensors[{i}]", writable) for i, t in enumerate(tensors)]
+    on_gpu = [x.__class__ is DeviceMeta for x in xs]
+    if any(on_gpu) and not all(on_gpu):
+        i = on_gpu.index(not on_gpu[0])
+        raise TypeError(
+            f"{what}: tensors[0] is in {'GPU' if on_gpu[0] else 'host'} memory but tensors[{i}] is not. "
+            f"Received: tensors[{i}] of type {type(tensors[i]).__name__}. HINT: do not mix host and GPU tensors "
+            "in one call; move them to one device first."
+        )
+    return xs
 
 
 def name_arg(name: Any, what: str) -> str | None:

@@ -1,8 +1,9 @@
-"""Synchronous collectives on host arrays (Horovod's names, arguments and semantics).
+"""Synchronous collectives (Horovod's names, arguments and semantics), on host arrays or GPU tensors.
 
-Each call checks its arguments locally, agrees with the other ranks of the process set (see
-negotiation), then moves data on the caller's thread: no background hop, so small ops cost about one
-tiny allgather more than raw MPI.
+Each collective is written once: it checks its arguments locally (``checks.operand``: a numpy view of a host
+tensor, or the dtype and shape of a GPU tensor), agrees with the other ranks of the process set (see
+negotiation), then hands the buffers to the backend picked by where they live (``backends``). The data moves
+on the caller's thread: no background hop, so small host ops cost about one tiny allgather more than raw MPI.
 """
 
 from __future__ import annotations
@@ -13,15 +14,15 @@ from typing import Any
 
 import numpy as np
 
-from . import mpi_ops, repeat
-from .checks import host, name_arg, need_dim, reduce_args, root_arg, splits_arg
-from .config import config
-from .device import gpu_twin
+from . import backends, device, mpi_ops, repeat
+from .backends.host import reduce_group
+from .checks import name_arg, need_dim, operand, operands, reduce_args, root_arg, splits_arg
 from .errors import MismatchError
 from .fault import guard
-from .negotiation import JOIN, Signature, agree, exchange, format_mismatch, joinable
-from .ops import Average, ReduceOp, Sum
+from .negotiation import JOIN, agree, agree_reduce, exchange, format_mismatch, joinable
+from .ops import Average, Sum
 from .process_sets import ProcessSet, resolve
+from .signatures import allgather_sig, allreduce_sig, alltoall_sig, broadcast_sig, grouped_sig, reducescatter_sig
 
 __all__ = [
     "allreduce", "allreduce_", "grouped_allreduce", "grouped_allreduce_", "allgather", "grouped_allgather",
@@ -30,43 +31,21 @@ __all__ = [
 ]
 
 
-def allreduce_sig(arr: np.ndarray, name: str | None, op: ReduceOp, pre: float, post: float) -> Signature:
-    return (("collective", "allreduce"), ("name", name), ("dtype", arr.dtype), ("shape", arr.shape),
-            ("op", op), ("prescale_factor", pre), ("postscale_factor", post))
-
-
-def grouped_sig(arrs: Sequence[np.ndarray], name: str | None, op: ReduceOp, pre: float,
-                post: float) -> Signature:
-    return (("collective", "grouped_allreduce"), ("name", name),
-            ("dtypes", tuple(a.dtype for a in arrs)), ("shapes", tuple(a.shape for a in arrs)),
-            ("op", op), ("prescale_factor", pre), ("postscale_factor", post))
-
-
 def allreduce(tensor: Any, average: bool | None = None, name: str | None = None, op: Any = None,
               prescale_factor: float = 1.0, postscale_factor: float = 1.0,
-              process_set: ProcessSet | None = None) -> np.ndarray:
+              process_set: ProcessSet | None = None) -> Any:
     """Reduce ``tensor`` over all ranks of the set; returns a new array (the input is not modified)."""
     if tensor.__class__ is np.ndarray and tensor.flags.c_contiguous:
         # See repeat.py; ahead of the decorators of the checked path, which cost ~1 µs per call.
         out = repeat.call(False, tensor, average, name, op, prescale_factor, postscale_factor, process_set)
         if out is not None:
             return out
-    return _allreduce(tensor, average, name, op, prescale_factor, postscale_factor, process_set)
+    return _allreduce(False, tensor, average, name, op, prescale_factor, postscale_factor, process_set)
 
 
-@guard
-@gpu_twin
-def _allreduce(tensor: Any, average: bool | None, name: str | None, op: Any, prescale_factor: float,
-               postscale_factor: float, process_set: ProcessSet | None) -> np.ndarray:
-    ps, arr, rop, pre, post = _checked_allreduce(False, tensor, average, name, op, prescale_factor,
-                                                 postscale_factor, process_set)
-    send = arr if arr.flags.c_contiguous else np.ascontiguousarray(arr)
-    return mpi_ops.allreduce_into(ps.comm, send, mpi_ops.result_buffer(send.shape, send.dtype), rop, pre, post)
-
-
-def allreduce_(tensor: np.ndarray, average: bool | None = None, name: str | None = None, op: Any = None,
+def allreduce_(tensor: Any, average: bool | None = None, name: str | None = None, op: Any = None,
                prescale_factor: float = 1.0, postscale_factor: float = 1.0,
-               process_set: ProcessSet | None = None) -> np.ndarray:
+               process_set: ProcessSet | None = None) -> Any:
     """In-place allreduce: ``tensor`` holds the result; returns it."""
     if tensor.__class__ is np.ndarray:
         flags = tensor.flags
@@ -74,241 +53,137 @@ def allreduce_(tensor: np.ndarray, average: bool | None = None, name: str | None
             out = repeat.call(True, tensor, average, name, op, prescale_factor, postscale_factor, process_set)
             if out is not None:
                 return out
-    return _allreduce_(tensor, average, name, op, prescale_factor, postscale_factor, process_set)
+    return _allreduce(True, tensor, average, name, op, prescale_factor, postscale_factor, process_set)
 
 
 @guard
-@gpu_twin
-def _allreduce_(tensor: np.ndarray, average: bool | None, name: str | None, op: Any, prescale_factor: float,
-                postscale_factor: float, process_set: ProcessSet | None) -> np.ndarray:
-    ps, arr, rop, pre, post = _checked_allreduce(True, tensor, average, name, op, prescale_factor,
-                                                 postscale_factor, process_set)
-    buf = arr if arr.flags.c_contiguous else np.ascontiguousarray(arr)
-    mpi_ops.allreduce_into(ps.comm, buf, buf, rop, pre, post)
-    if buf is not arr:
-        arr[...] = buf
-    return arr
-
-
-def _checked_allreduce(inplace: bool, tensor: Any, average: Any, name: Any, op: Any, prescale_factor: Any,
-                       postscale_factor: Any, process_set: Any
-                       ) -> tuple[ProcessSet, np.ndarray, ReduceOp, float, float]:
-    """The checks and the agreement of ``allreduce`` / ``allreduce_``: (set, array, op, prescale, postscale).
-
-    A call the repeat path can look up later (a C-contiguous numpy array) is remembered before it agrees.
-    """
+def _allreduce(inplace: bool, tensor: Any, average: Any, name: Any, op: Any, prescale_factor: Any,
+               postscale_factor: Any, process_set: Any) -> Any:
     what = "horo.allreduce_" if inplace else "horo.allreduce"
     ps = resolve(process_set, what)
-    arr = _writable(tensor, what) if inplace else host(tensor, what)
-    rop, pre, post = reduce_args(arr, op, average, prescale_factor, postscale_factor, what)
-    sig = allreduce_sig(arr, name_arg(name, what), rop, pre, post)
-    if tensor.__class__ is np.ndarray and arr.flags.c_contiguous:
-        repeat.remember(repeat.key(inplace, arr, average, name, op, prescale_factor, postscale_factor, process_set),
-                        ps, arr, sig, rop, pre, post)
-    agree(ps.comm, sig, ranks=ps.ranks)
-    return ps, arr, rop, pre, post
-
-
-def _writable(tensor: Any, what: str) -> np.ndarray:
-    arr = host(tensor, what)
-    if not arr.flags.writeable:
-        raise ValueError(
-            f"{what} writes into its input, which is read-only. Received: tensor of type "
-            f"{type(tensor).__name__}. HINT: use the out-of-place form (without the trailing underscore)."
-        )
-    return arr
-
-
-_LOCAL = threading.local()  # fusion buffers per thread: callers and engine threads each reuse their own
-
-
-def _fusion_buffer(dtype: np.dtype, n: int) -> np.ndarray:
-    bufs = getattr(_LOCAL, "bufs", None)
-    if bufs is None:
-        bufs = _LOCAL.bufs = {}
-    buf = bufs.get(dtype)
-    if buf is None or buf.size < n:
-        buf = bufs[dtype] = np.empty(n, dtype=dtype)
-    return buf[:n]
-
-
-def reduce_group(comm: Any, arrs: Sequence[np.ndarray], op: ReduceOp, pre: float, post: float,
-                 outs: Sequence[np.ndarray] | None = None) -> list[np.ndarray]:
-    """Reduce several arrays: each large one in its own (chunked) call, the small ones of a dtype packed.
-
-    The sequence of MPI calls depends only on the shapes, dtypes and the agreed fusion threshold, so it
-    is the same on every rank (and for a joined rank's zeros).
-
-    Args:
-        outs: where the results go (e.g. the inputs themselves, for in-place); new arrays when None.
-    """
-    threshold = config.int("HORO_FUSION_THRESHOLD")
-    if mpi_ops.hierarchical_allreduce(comm):
-        # Every exchange of the hierarchical path costs network round trips (leaders) plus two in-host steps:
-        # one packed exchange per dtype beat one per large tensor 2x on the bed (docs/multihost.md).
-        threshold = max(threshold, sum(a.nbytes for a in arrs) + 1)
-    results = [mpi_ops.result_buffer(a.shape, a.dtype) for a in arrs] if outs is None else list(outs)
-    small: dict[np.dtype, list[int]] = {}
-    for i, a in enumerate(arrs):
-        if a.nbytes < threshold:
-            small.setdefault(a.dtype, []).append(i)
-            continue
-        out = results[i]
-        target = out if out.flags.c_contiguous else np.empty(out.shape, out.dtype)
-        mpi_ops.allreduce_into(comm, a if a.flags.c_contiguous else np.ascontiguousarray(a), target, op, pre, post)
-        if target is not out:
-            out[...] = target
-    for dtype, idx in small.items():
-        buf = _fusion_buffer(dtype, sum(arrs[i].size for i in idx))
-        off = 0
-        for i in idx:
-            buf[off:off + arrs[i].size] = arrs[i].reshape(-1)
-            off += arrs[i].size
-        mpi_ops.allreduce_into(comm, buf, buf, op, pre, post, segments=[arrs[i].size for i in idx])
-        off = 0
-        for i in idx:
-            results[i][...] = buf[off:off + arrs[i].size].reshape(arrs[i].shape)
-            off += arrs[i].size
-    return results
-
-
-def _grouped(tensors: Sequence[Any], what: str, writable: bool) -> list[np.ndarray]:
-    if not isinstance(tensors, (list, tuple)):
-        raise TypeError(f"{what} takes a list of tensors. Received: tensors of type {type(tensors).__name__}.")
-    return [(_writable(t, what) if writable else host(t, what, f"tensors[{i}]")) for i, t in enumerate(tensors)]
+    x = operand(tensor, what, writable=inplace)
+    rop, pre, post = reduce_args(x, op, average, prescale_factor, postscale_factor, what)  # type: ignore[arg-type]
+    sig = allreduce_sig(x, name_arg(name, what), rop, pre, post)
+    if tensor.__class__ is np.ndarray and x.flags.c_contiguous:  # type: ignore[union-attr]
+        # A call the repeat path can look up later is remembered before it agrees.
+        repeat.remember(repeat.key(inplace, x, average, name, op, prescale_factor, postscale_factor, process_set),
+                        ps, x, sig, rop, pre, post)
+    joined = agree_reduce(ps.comm, sig, ranks=ps.ranks)
+    return backends.of(x).allreduce(ps, tensor, x, rop, pre, post, inplace, joined, what)
 
 
 @guard
-@gpu_twin
 def grouped_allreduce(tensors: Sequence[Any], average: bool | None = None, name: str | None = None,
                       op: Any = None, prescale_factor: float = 1.0, postscale_factor: float = 1.0,
-                      process_set: ProcessSet | None = None) -> list[np.ndarray]:
-    """Allreduce a list of arrays in one fused exchange per dtype; returns new arrays."""
-    return _grouped_reduce("horo.grouped_allreduce", tensors, False, average, name, op, prescale_factor,
-                           postscale_factor, process_set)
+                      process_set: ProcessSet | None = None) -> list[Any]:
+    """Allreduce a list of tensors in one fused exchange per dtype; returns new tensors."""
+    return _grouped_allreduce(False, tensors, average, name, op, prescale_factor, postscale_factor, process_set)
 
 
 @guard
-@gpu_twin
-def grouped_allreduce_(tensors: Sequence[np.ndarray], average: bool | None = None, name: str | None = None,
+def grouped_allreduce_(tensors: Sequence[Any], average: bool | None = None, name: str | None = None,
                        op: Any = None, prescale_factor: float = 1.0, postscale_factor: float = 1.0,
-                       process_set: ProcessSet | None = None) -> list[np.ndarray]:
-    """In-place grouped allreduce; returns the input arrays, now holding the results."""
-    return _grouped_reduce("horo.grouped_allreduce_", tensors, True, average, name, op, prescale_factor,
-                           postscale_factor, process_set)
+                       process_set: ProcessSet | None = None) -> list[Any]:
+    """In-place grouped allreduce; returns the input tensors, now holding the results."""
+    return _grouped_allreduce(True, tensors, average, name, op, prescale_factor, postscale_factor, process_set)
 
 
-def _grouped_reduce(what: str, tensors: Sequence[Any], inplace: bool, average: bool | None, name: str | None,
-                    op: Any, prescale_factor: float, postscale_factor: float,
-                    process_set: ProcessSet | None) -> list[np.ndarray]:
+def _grouped_allreduce(inplace: bool, tensors: Sequence[Any], average: Any, name: Any, op: Any,
+                       prescale_factor: Any, postscale_factor: Any, process_set: Any) -> list[Any]:
+    what = "horo.grouped_allreduce_" if inplace else "horo.grouped_allreduce"
     ps = resolve(process_set, what)
-    arrs = _grouped(tensors, what, writable=inplace)
-    if not arrs:
+    xs = operands(tensors, what, writable=inplace)
+    if not xs:
         return []
-    rop, pre, post = zip(*(reduce_args(a, op, average, prescale_factor, postscale_factor, what) for a in arrs))
-    agree(ps.comm, grouped_sig(arrs, name_arg(name, what), rop[0], pre[0], post[0]), ranks=ps.ranks)
-    return reduce_group(ps.comm, arrs, rop[0], pre[0], post[0], outs=arrs if inplace else None)
+    rop, pre, post = zip(*(reduce_args(x, op, average, prescale_factor, postscale_factor, what) for x in xs))
+    joined = agree_reduce(ps.comm, grouped_sig(xs, name_arg(name, what), rop[0], pre[0], post[0]), ranks=ps.ranks)
+    return backends.of(xs[0]).grouped_allreduce(ps, tensors, xs, rop[0], pre[0], post[0], inplace, joined, what)
 
 
 @guard
-@gpu_twin
-def allgather(tensor: Any, name: str | None = None, process_set: ProcessSet | None = None) -> np.ndarray:
+def allgather(tensor: Any, name: str | None = None, process_set: ProcessSet | None = None) -> Any:
     """Concatenate every rank's ``tensor`` along dim 0 (dim 0 may differ between ranks)."""
     what = "horo.allgather"
     ps = resolve(process_set, what)
-    arr = host(tensor, what)
-    need_dim(arr, what)
-    sig = (("collective", "allgather"), ("name", name_arg(name, what)), ("dtype", arr.dtype),
-           ("shape[1:]", arr.shape[1:]))
-    counts = agree(ps.comm, sig, payload=arr.shape[0], ranks=ps.ranks)
-    return mpi_ops.allgather(ps.comm, np.ascontiguousarray(arr), np.array(counts, dtype=np.int64))
+    x = operand(tensor, what)
+    need_dim(x, what)  # type: ignore[arg-type]
+    counts = agree(ps.comm, allgather_sig(x, name_arg(name, what)), payload=x.shape[0], ranks=ps.ranks)
+    return backends.of(x).allgather(ps, tensor, x, counts, what)
 
 
 @guard
-@gpu_twin
 def grouped_allgather(tensors: Sequence[Any], name: str | None = None,
-                      process_set: ProcessSet | None = None) -> list[np.ndarray]:
+                      process_set: ProcessSet | None = None) -> list[Any]:
+    """One allgather per tensor (all checked first)."""
+    operands(tensors, "horo.grouped_allgather")
     return [allgather(t, name=None if name is None else f"{name}.{i}", process_set=process_set)
-            for i, t in enumerate(_grouped(tensors, "horo.grouped_allgather", writable=False))]
-
-
-def _broadcast_sig(arr: np.ndarray, root: int, name: str | None) -> Signature:
-    return (("collective", "broadcast"), ("name", name), ("dtype", arr.dtype), ("shape", arr.shape),
-            ("root_rank", root))
+            for i, t in enumerate(tensors)]
 
 
 @guard
-@gpu_twin
-def broadcast(tensor: Any, root_rank: int, name: str | None = None,
-              process_set: ProcessSet | None = None) -> np.ndarray:
-    """Return root_rank's ``tensor`` on every rank (a new array; root_rank is a global rank)."""
-    what = "horo.broadcast"
-    ps = resolve(process_set, what)
-    arr = host(tensor, what)
-    root = root_arg(root_rank, ps, what)
-    agree(ps.comm, _broadcast_sig(arr, int(root_rank), name_arg(name, what)), ranks=ps.ranks)
-    out = np.array(arr, order="C", copy=True) if ps.comm.Get_rank() == root else np.empty(arr.shape, arr.dtype)
-    return mpi_ops.broadcast_into(ps.comm, out, root)
+def broadcast(tensor: Any, root_rank: int, name: str | None = None, process_set: ProcessSet | None = None) -> Any:
+    """Return root_rank's ``tensor`` on every rank (a new tensor; root_rank is a global rank)."""
+    return _broadcast(False, tensor, root_rank, name, process_set)
 
 
 @guard
-@gpu_twin
-def broadcast_(tensor: np.ndarray, root_rank: int, name: str | None = None,
-               process_set: ProcessSet | None = None) -> np.ndarray:
+def broadcast_(tensor: Any, root_rank: int, name: str | None = None, process_set: ProcessSet | None = None) -> Any:
     """In-place broadcast into ``tensor``; returns it."""
-    what = "horo.broadcast_"
+    return _broadcast(True, tensor, root_rank, name, process_set)
+
+
+def _broadcast(inplace: bool, tensor: Any, root_rank: Any, name: Any, process_set: Any) -> Any:
+    what = "horo.broadcast_" if inplace else "horo.broadcast"
     ps = resolve(process_set, what)
-    arr = _writable(tensor, what)
+    x = operand(tensor, what, writable=inplace)
     root = root_arg(root_rank, ps, what)
-    agree(ps.comm, _broadcast_sig(arr, int(root_rank), name_arg(name, what)), ranks=ps.ranks)
-    buf = arr if arr.flags.c_contiguous else np.ascontiguousarray(arr)
-    mpi_ops.broadcast_into(ps.comm, buf, root)
-    if buf is not arr:
-        arr[...] = buf
-    return arr
+    agree(ps.comm, broadcast_sig(x, int(root_rank), name_arg(name, what)), ranks=ps.ranks)
+    return backends.of(x).broadcast(ps, tensor, x, root, inplace, what)
+
+
+def host_splits(splits: Any) -> Any:
+    """``splits`` as the host array the checks read (GPU splits are copied, without the staging log line)."""
+    if splits is not None and device.is_device_array(splits):
+        return device.stage_to_host(splits, "splits", note=False)
+    return splits
 
 
 @guard
-@gpu_twin
 def alltoall(tensor: Any, splits: Any = None, name: str | None = None,
-             process_set: ProcessSet | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """Send ``splits[r]`` rows to rank r; returns (received rows, received splits)."""
+             process_set: ProcessSet | None = None) -> tuple[Any, np.ndarray]:
+    """Send ``splits[r]`` rows to rank r; returns (received rows, received splits as numpy int64)."""
     what = "horo.alltoall"
     ps = resolve(process_set, what)
-    arr = host(tensor, what)
-    need_dim(arr, what)
-    s = splits_arg(splits, arr, ps.size(), what)
-    sig = (("collective", "alltoall"), ("name", name_arg(name, what)), ("dtype", arr.dtype),
-           ("shape[1:]", arr.shape[1:]))
-    agree(ps.comm, sig, ranks=ps.ranks)
-    return mpi_ops.alltoall(ps.comm, np.ascontiguousarray(arr), s)
+    x = operand(tensor, what)
+    need_dim(x, what)  # type: ignore[arg-type]
+    s = splits_arg(host_splits(splits), x, ps.size(), what)  # type: ignore[arg-type]
+    agree(ps.comm, alltoall_sig(x, name_arg(name, what)), ranks=ps.ranks)
+    return backends.of(x).alltoall(ps, tensor, x, s, what)
 
 
 @guard
-@gpu_twin
 def reducescatter(tensor: Any, op: Any = Average, name: str | None = None,
                   process_set: ProcessSet | None = None, prescale_factor: float = 1.0,
-                  postscale_factor: float = 1.0) -> np.ndarray:
+                  postscale_factor: float = 1.0) -> Any:
     """Reduce over the set, then give rank r its slice of dim 0 (the first dim0 % size ranks get one more row)."""
     what = "horo.reducescatter"
     ps = resolve(process_set, what)
-    arr = host(tensor, what)
-    need_dim(arr, what)
-    rop, pre, post = reduce_args(arr, op, None, prescale_factor, postscale_factor, what, allowed=(Sum, Average))
-    sig = (("collective", "reducescatter"), ("name", name_arg(name, what)), ("dtype", arr.dtype),
-           ("shape", arr.shape), ("op", rop), ("prescale_factor", pre), ("postscale_factor", post))
-    agree(ps.comm, sig, ranks=ps.ranks)
-    return mpi_ops.reducescatter(ps.comm, np.ascontiguousarray(arr), rop, pre, post)
+    x = operand(tensor, what)
+    need_dim(x, what)  # type: ignore[arg-type]
+    rop, pre, post = reduce_args(x, op, None, prescale_factor, postscale_factor, what,  # type: ignore[arg-type]
+                                 allowed=(Sum, Average))
+    agree(ps.comm, reducescatter_sig(x, name_arg(name, what), rop, pre, post), ranks=ps.ranks)
+    return backends.of(x).reducescatter(ps, tensor, x, rop, pre, post, what)
 
 
 @guard
-@gpu_twin
 def grouped_reducescatter(tensors: Sequence[Any], op: Any = Average, name: str | None = None,
                           process_set: ProcessSet | None = None, prescale_factor: float = 1.0,
-                          postscale_factor: float = 1.0) -> list[np.ndarray]:
+                          postscale_factor: float = 1.0) -> list[Any]:
+    """One reducescatter per tensor (all checked first)."""
+    operands(tensors, "horo.grouped_reducescatter")
     return [reducescatter(t, op, None if name is None else f"{name}.{i}", process_set, prescale_factor,
-                          postscale_factor)
-            for i, t in enumerate(_grouped(tensors, "horo.grouped_reducescatter", writable=False))]
+                          postscale_factor) for i, t in enumerate(tensors)]
 
 
 @guard

@@ -481,24 +481,3 @@ def to_device_like(host: np.ndarray, like: Any) -> Any:
         except Exception:  # noqa: BLE001 - a CuPy without bfloat16: hand back the bits
             return arr
     return arr
-
-
-def gpu_twin(fn: Any) -> Any:
-    """Route a collective to its ``device_collectives.device_<name>`` twin when given GPU tensors.
-
-    Host arrays pay one isinstance check; the twin has the same signature.
-    """
-    import functools
-
-    twin = "device_" + fn.__name__.lstrip("_")  # the checked path ``_allreduce`` has ``device_allreduce``
-
-    @functools.wraps(fn)
-    def wrapper(tensor: Any, *args: Any, **kwargs: Any) -> Any:
-        first = tensor[0] if isinstance(tensor, (list, tuple)) and tensor else tensor
-        if not isinstance(first, np.ndarray) and is_device_array(first):
-            from . import device_collectives
-
-            return getattr(device_collectives, twin)(tensor, *args, **kwargs)
-        return fn(tensor, *args, **kwargs)
-
-    return wrapper

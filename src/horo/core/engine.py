@@ -229,7 +229,7 @@ class Engine:
             req.engine = self
             first = not self.pending
             self.pending[req.name] = req
-            if self.host_only and ("device", "cuda") in req.sig:  # device_collectives.DEVICE_FIELD
+            if self.host_only and ("device", "cuda") in req.sig:  # signatures.DEVICE_FIELD
                 self.host_only = False
             # Not while a round is in flight: an idle round's back-off would not see the work until its next
             # poll, up to a whole cycle later (a deferred op waited for it; 60 s with a 60 s cycle).
@@ -675,14 +675,14 @@ class Engine:
         sig = self.cache_sigs[bit] if bit is not None else self.sig_of[name]
         f = dict(sig)
         if f.get("device"):  # GPU ranks issue one unfused call per name: mirror it exactly
-            from .device_collectives import joined_zeros_run
+            from .backends.gpu import joined_zeros_run
 
             return Request(name, sig, joined_zeros_run(f))
         if f["collective"] == "allreduce":
             z = np.zeros(f["shape"], dtype=f["dtype"])
             return Request(name, sig, send=z, out=z, op=f["op"], pre=f["prescale_factor"],
                            post=f["postscale_factor"])
-        from .collectives import reduce_group
+        from .backends.host import reduce_group
 
         arrs = [np.zeros(shape, dtype=d) for shape, d in zip(f["shapes"], f["dtypes"])]
         return Request(name, sig, lambda comm: reduce_group(comm, arrs, f["op"], f["prescale_factor"],

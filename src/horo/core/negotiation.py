@@ -19,8 +19,8 @@ from .errors import MismatchError
 from .ops import Average, Sum
 from .watchdog import guarded
 
-__all__ = ["Signature", "JOIN", "BLOCKED", "agree", "exchange", "format_mismatch", "joinable", "sig_hash",
-           "agree_quiet"]
+__all__ = ["Signature", "JOIN", "BLOCKED", "agree", "agree_reduce", "exchange", "format_mismatch", "joinable",
+           "sig_hash", "agree_quiet"]
 
 Signature = tuple  # tuple of (field, value) pairs, hashable and picklable
 
@@ -145,6 +145,19 @@ def agree(comm: Any, sig: Signature, payload: int = 0, ranks: list[int] | None =
     if sigs is not None:
         _disagree(sigs, ranks)
     return payloads
+
+
+def agree_reduce(comm: Any, sig: Signature, ranks: list[int] | None = None) -> bool:
+    """:func:`agree` for an allreduce; True when some ranks are inside ``join()`` (they contribute zeros).
+
+    Raises:
+        MismatchError: on every rank, when the signatures differ other than by joined ranks.
+    """
+    _, sigs = exchange(comm, sig)
+    if sigs is None:
+        return False
+    _disagree(sigs, ranks)
+    return True
 
 
 def _disagree(sigs: list[Signature], ranks: list[int] | None) -> None:
