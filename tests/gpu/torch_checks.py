@@ -36,6 +36,7 @@ def host_copies(fn: Callable[[], Any]) -> tuple[Any, dict[str, int]]:
 
 def main(argv: list[str]) -> int:
     expect = argv[0]
+    import horo
     import horo.torch as hvd
     from horo.core import nccl
     from horo.core.process_sets import global_process_set
@@ -81,6 +82,16 @@ def main(argv: list[str]) -> int:
         if x.dtype != torch.bool:
             r["reducescatter"] = hvd.reducescatter(x, op=hvd.Sum, name=f"rs.{tag}")
         r["strided"] = hvd.allreduce(x.t(), op=hvd.Sum, name=f"st.{tag}")
+        # The core itself on strided CUDA tensors (horo.torch hands it contiguous ones): its zero-copy views
+        # must follow torch's strides, zero strides included. CPU tensors go through horo.torch.
+        c = x.clone().t()
+        if x.is_cuda:
+            horo.allreduce_(c, op=horo.Sum, name=f"core_st_.{tag}")
+            r["core expanded"] = horo.allreduce(x[:1].expand_as(x), op=horo.Sum, name=f"core_ex.{tag}")
+        else:
+            hvd.allreduce_(c, op=hvd.Sum, name=f"core_st_.{tag}")
+            r["core expanded"] = hvd.allreduce(x[:1].expand_as(x), op=hvd.Sum, name=f"core_ex.{tag}")
+        r["core strided_"] = c
         return r
 
     def compare(what: str, got: Any, want: Any) -> None:
