@@ -36,6 +36,8 @@ __all__ = [
     "cupy_or_none",
     "default_device",
     "device_index",
+    "empty_result",
+    "hand_back",
     "device_meta",
     "dlpack_device",
     "framework_of",
@@ -326,6 +328,34 @@ def _tf_view(cp: Any, x: Any, arg: str) -> tuple[Any, np.dtype]:
     if BFLOAT16 is not None and logical == BFLOAT16:
         x = tf.bitcast(x, tf.uint16)
     return cp.from_dlpack(tf.experimental.dlpack.to_dlpack(x)), logical
+
+
+def empty_result(view: DeviceView, shape: tuple[int, ...]) -> tuple[Any, Any]:
+    """An uninitialised C-contiguous result buffer on ``view``'s device, in its storage dtype.
+
+    Returns:
+        (array, tensor): the CuPy array to write, and for a torch source the torch tensor over the same
+        memory, of the logical dtype, to hand back as it is (``None`` for other sources: :func:`hand_back`
+        wraps the array then). torch allocates it from its caching allocator on its current stream, the
+        view's stream: results of torch collectives are not kept in CuPy's memory pool, where torch could not
+        reuse them, and need no DLPack exchange.
+    """
+    cp = _need_cupy("horo")
+    storage = np.dtype(view.array.dtype)
+    if framework_of(view.source) == "torch":
+        torch = sys.modules["torch"]
+        bf16 = BFLOAT16 is not None and view.dtype == BFLOAT16
+        t = torch.empty(shape, dtype=torch.int16 if bf16 else getattr(torch, storage.name),
+                        device=view.source.device)
+        return _torch_view(cp, t, storage, view.device), (t.view(torch.bfloat16) if bf16 else t)
+    with cp.cuda.Device(view.device), view.stream:
+        return cp.empty(shape, dtype=storage), None
+
+
+def hand_back(arr: Any, tensor: Any, view: DeviceView) -> Any:
+    """The result of a collective: ``tensor`` from :func:`empty_result` when it made one, else ``arr`` wrapped
+    in the type of ``view.source``."""
+    return tensor if tensor is not None else wrap_result(arr, view)
 
 
 def wrap_result(arr: Any, view: DeviceView) -> Any:

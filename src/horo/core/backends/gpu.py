@@ -130,11 +130,11 @@ def allreduce(ps: ProcessSet, tensor: Any, x: device.DeviceMeta, rop: ReduceOp, 
     v = device.to_device_view(tensor, what=what)
     with _running([v]) as st:
         src = _contiguous(cp, v.array)
-        out = src if inplace else cp.empty(src.shape, dtype=src.dtype)
+        out, back = (src, None) if inplace else device.empty_result(v, src.shape)
         nccl.allreduce_into(be, src, out, rop, pre, post, dtype=v.dtype, stream=st)
         if inplace and src is not v.array:
             v.array[...] = src
-    return tensor if inplace else device.wrap_result(out, v)
+    return tensor if inplace else device.hand_back(out, back, v)
 
 
 def grouped_allreduce(ps: ProcessSet, tensors: Sequence[Any], xs: list[device.DeviceMeta], rop: ReduceOp,
@@ -151,7 +151,8 @@ def grouped_allreduce(ps: ProcessSet, tensors: Sequence[Any], xs: list[device.De
     views = _views(tensors, what)
     with _running(views) as st:
         srcs = [_contiguous(cp, v.array) for v in views]
-        outs = srcs if inplace else [cp.empty(s.shape, dtype=s.dtype) for s in srcs]
+        made = [(s, None) for s in srcs] if inplace else [device.empty_result(v, s.shape) for v, s in zip(views, srcs)]
+        outs = [o for o, _ in made]
         nccl.grouped_allreduce_into(be, srcs, outs, rop, pre, post, dtypes=[v.dtype for v in views], stream=st)
         if inplace:
             for v, s in zip(views, srcs):
@@ -159,7 +160,7 @@ def grouped_allreduce(ps: ProcessSet, tensors: Sequence[Any], xs: list[device.De
                     v.array[...] = s
     if inplace:
         return list(tensors)
-    return [device.wrap_result(o, v) for o, v in zip(outs, views)]
+    return [device.hand_back(o, back, v) for (o, back), v in zip(made, views)]
 
 
 def allgather(ps: ProcessSet, tensor: Any, x: device.DeviceMeta, counts: list[int], what: str) -> Any:
@@ -185,16 +186,17 @@ def broadcast(ps: ProcessSet, tensor: Any, x: device.DeviceMeta, root: int, inpl
     cp = device.cupy_or_none()
     v = device.to_device_view(tensor, what=what)
     with _running([v]) as st:
+        back = None
         if inplace:
             buf = _contiguous(cp, v.array)
-        elif me == root:
-            buf = cp.array(v.array, order="C", copy=True)
         else:
-            buf = cp.empty(v.array.shape, v.array.dtype)
+            buf, back = device.empty_result(v, v.array.shape)
+            if me == root:
+                buf[...] = v.array
         nccl.broadcast_into(be, buf, root, stream=st)
         if inplace and buf is not v.array:
             v.array[...] = buf
-    return tensor if inplace else device.wrap_result(buf, v)
+    return tensor if inplace else device.hand_back(buf, back, v)
 
 
 def alltoall(ps: ProcessSet, tensor: Any, x: device.DeviceMeta, splits: np.ndarray,
@@ -246,10 +248,10 @@ class _Capture:
     def device(self) -> int | None:
         return self.views[0].device if self.views else None
 
-    def alloc(self, shape: tuple[int, ...], dtype: Any) -> Any:
-        """An output buffer allocated on the submitting stream (so its memory is ordered with the caller)."""
-        with self.cp.cuda.Device(self.views[0].device), self.views[0].stream:
-            return self.cp.empty(shape, dtype=dtype)
+    def alloc(self, view: device.DeviceView) -> tuple[Any, Any]:
+        """An output buffer like ``view``, allocated on the submitting stream (so its memory is ordered with the
+        caller): (array, tensor to hand back or None), see ``device.empty_result``."""
+        return device.empty_result(view, view.array.shape)
 
     def mark_ready(self) -> None:
         """Record the events the engine's NCCL stream waits on (call after any submit-time copies)."""
@@ -312,7 +314,7 @@ def _reason(ps: ProcessSet, comm: Any) -> str:
 def allreduce_request(ps: ProcessSet, name: str, sig: Signature, tensor: Any, x: device.DeviceMeta,
                       rop: ReduceOp, pre: float, post: float, inplace: bool, what: str) -> Request:
     cap = _Capture([tensor], what)
-    out = None if inplace or not cap.views else cap.alloc(cap.views[0].array.shape, cap.views[0].array.dtype)
+    out = None if inplace or not cap.views else cap.alloc(cap.views[0])
     cap.mark_ready()
     run = _AsyncAllreduce(ps, tensor, cap, out, inplace, rop, pre, post)
     # Ops of one round with the same reduction (agreed fields of the signature, so the same on every rank)
@@ -351,7 +353,7 @@ class _AsyncAllreduce:
     def buffers(self) -> tuple[Any, Any]:
         """(source, destination) on the device: the same contiguous buffer when in place."""
         src = _contiguous(self.cap.cp, self.cap.views[0].array)
-        return src, (src if self.inplace else self.out)
+        return src, (src if self.inplace else self.out[0])
 
     def write_back(self, src: Any) -> None:
         v = self.cap.views[0]
@@ -359,7 +361,7 @@ class _AsyncAllreduce:
             v.array[...] = src
 
     def result(self, dst: Any) -> Any:
-        return self.tensor if self.inplace else device.wrap_result(dst, self.cap.views[0])
+        return self.tensor if self.inplace else device.hand_back(dst, self.out[1], self.cap.views[0])
 
 
 def _run_allreduces(comm: Any, reqs: Sequence[Request]) -> list[Any]:
@@ -385,7 +387,7 @@ def grouped_allreduce_request(ps: ProcessSet, name: str, sig: Signature, tensors
                               xs: list[device.DeviceMeta], rop: ReduceOp, pre: float, post: float, inplace: bool,
                               what: str) -> Request:
     cap = _Capture(tensors, what)
-    outs = None if inplace or not cap.views else [cap.alloc(v.array.shape, v.array.dtype) for v in cap.views]
+    outs = None if inplace or not cap.views else [cap.alloc(v) for v in cap.views]
     cap.mark_ready()
 
     def run(comm: Any) -> list[Any]:
@@ -398,7 +400,7 @@ def grouped_allreduce_request(ps: ProcessSet, name: str, sig: Signature, tensors
             return [device.to_device_like(r, t) for r, t in zip(results, tensors)]
         with cap.on_side_stream(be) as side:
             srcs = [_contiguous(cap.cp, v.array) for v in cap.views]
-            dsts = srcs if inplace else outs
+            dsts = srcs if inplace else [o for o, _ in outs]
             nccl.grouped_allreduce_into(be, srcs, dsts, rop, pre, post, dtypes=[v.dtype for v in cap.views],
                                         stream=side)
             if inplace:
@@ -407,7 +409,7 @@ def grouped_allreduce_request(ps: ProcessSet, name: str, sig: Signature, tensors
                         v.array[...] = s
         if inplace:
             return list(tensors)
-        return [device.wrap_result(o, v) for o, v in zip(dsts, cap.views)]  # type: ignore[arg-type]
+        return [device.hand_back(o, back, v) for (o, back), v in zip(outs, cap.views)]  # type: ignore[arg-type]
 
     return Request(name, sig, run)
 
@@ -436,12 +438,13 @@ def broadcast_request(ps: ProcessSet, name: str, sig: Signature, tensor: Any, x:
                       inplace: bool, what: str) -> Request:
     me = ps.comm.Get_rank()
     cap = _Capture([tensor], what)  # non-roots too: their tensor gives the device, stream and shape
-    buf = None
+    buf = back = None
     if cap.views and not inplace:
         v = cap.views[0]
-        with cap.cp.cuda.Device(v.device), v.stream:
-            buf = cap.cp.array(v.array, order="C", copy=True) if me == root else cap.cp.empty(v.array.shape,
-                                                                                               v.array.dtype)
+        buf, back = cap.alloc(v)
+        if me == root:
+            with cap.cp.cuda.Device(v.device), v.stream:
+                buf[...] = v.array
     cap.mark_ready()
 
     def run(comm: Any) -> Any:
@@ -458,7 +461,7 @@ def broadcast_request(ps: ProcessSet, name: str, sig: Signature, tensor: Any, x:
             nccl.broadcast_into(be, target, root, stream=side)
             if inplace and target is not v.array:
                 v.array[...] = target
-        return tensor if inplace else device.wrap_result(target, v)
+        return tensor if inplace else device.hand_back(target, back, v)
 
     return Request(name, sig, run)
 
