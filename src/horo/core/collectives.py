@@ -40,7 +40,7 @@ def allreduce(tensor: Any, average: bool | None = None, name: str | None = None,
         out = repeat.call(False, tensor, average, name, op, prescale_factor, postscale_factor, process_set)
         if out is not None:
             return out
-    return _allreduce(False, tensor, average, name, op, prescale_factor, postscale_factor, process_set)
+    return _allreduce(tensor, average, name, op, prescale_factor, postscale_factor, process_set)
 
 
 def allreduce_(tensor: Any, average: bool | None = None, name: str | None = None, op: Any = None,
@@ -53,12 +53,23 @@ def allreduce_(tensor: Any, average: bool | None = None, name: str | None = None
             out = repeat.call(True, tensor, average, name, op, prescale_factor, postscale_factor, process_set)
             if out is not None:
                 return out
-    return _allreduce(True, tensor, average, name, op, prescale_factor, postscale_factor, process_set)
+    return _allreduce_(tensor, average, name, op, prescale_factor, postscale_factor, process_set)
+
+
+# Two guarded entry points, so that a process failure names the call the user made.
+@guard
+def _allreduce(*args: Any) -> Any:
+    return _checked_allreduce(False, *args)
 
 
 @guard
-def _allreduce(inplace: bool, tensor: Any, average: Any, name: Any, op: Any, prescale_factor: Any,
-               postscale_factor: Any, process_set: Any) -> Any:
+def _allreduce_(*args: Any) -> Any:
+    return _checked_allreduce(True, *args)
+
+
+def _checked_allreduce(inplace: bool, tensor: Any, average: Any, name: Any, op: Any, prescale_factor: Any,
+                       postscale_factor: Any, process_set: Any) -> Any:
+    """allreduce / allreduce_ past the repeat path: check, agree, then the backend of the buffers."""
     what = "horo.allreduce_" if inplace else "horo.allreduce"
     ps = resolve(process_set, what)
     x = operand(tensor, what, writable=inplace)
