@@ -61,7 +61,6 @@ def joined_zeros_run(fields: dict[str, Any]) -> Callable[[Any], Any]:
     return run
 
 
-
 # ------------------------------------------------------------------------------------------ helpers
 def _backend(comm: Any, tensors: Sequence[Any], what: str) -> nccl.NcclBackend:
     """The communicator's backend (collective on first use); checks the tensors' GPU against it."""
@@ -115,7 +114,6 @@ def _contiguous(cp: Any, arr: Any) -> Any:
 def _views(tensors: Sequence[Any], what: str) -> list[device.DeviceView]:
     return [device.to_device_view(t, f"tensors[{i}]" if len(tensors) > 1 else "tensor", what)
             for i, t in enumerate(tensors)]
-
 
 
 # ------------------------------------------------------------------------------------------ synchronous
