@@ -10,11 +10,18 @@ from collections.abc import Sequence
 from typing import Any
 
 from . import backends
-from .checks import name_arg, need_dim, operand, operands, reduce_args, root_arg, splits_arg
-from .collectives import host_splits
+from .checks import (
+    allgather_args,
+    allreduce_args,
+    alltoall_args,
+    broadcast_args,
+    grouped_args,
+    name_arg,
+    reducescatter_args,
+)
 from .engine import auto_name, poll, submit, synchronize
-from .ops import Average, Sum
-from .process_sets import ProcessSet, resolve
+from .ops import Average
+from .process_sets import ProcessSet
 from .signatures import allgather_sig, allreduce_sig, alltoall_sig, broadcast_sig, grouped_sig, reducescatter_sig
 
 __all__ = [
@@ -41,9 +48,8 @@ def allreduce_async_(tensor: Any, average: bool | None = None, name: str | None 
 def _allreduce_async(inplace: bool, tensor: Any, average: Any, name: Any, op: Any, prescale_factor: Any,
                      postscale_factor: Any, process_set: Any) -> int:
     what = "horo.allreduce_async_" if inplace else "horo.allreduce_async"
-    ps = resolve(process_set, what)
-    x = operand(tensor, what, writable=inplace)
-    rop, pre, post = reduce_args(x, op, average, prescale_factor, postscale_factor, what)  # type: ignore[arg-type]
+    ps, x, rop, pre, post = allreduce_args(inplace, tensor, average, op, prescale_factor, postscale_factor,
+                                           process_set, what)
     name = name_arg(name, what) or auto_name("allreduce")
     sig = allreduce_sig(x, name, rop, pre, post)
     return submit(ps.engine, backends.of(x).allreduce_request(ps, name, sig, tensor, x, rop, pre, post, inplace,
@@ -69,13 +75,10 @@ def grouped_allreduce_async_(tensors: Sequence[Any], average: bool | None = None
 def _grouped_allreduce_async(inplace: bool, tensors: Sequence[Any], average: Any, name: Any, op: Any,
                              prescale_factor: Any, postscale_factor: Any, process_set: Any) -> int:
     what = "horo.grouped_allreduce_async_" if inplace else "horo.grouped_allreduce_async"
-    ps = resolve(process_set, what)
     if not isinstance(tensors, (list, tuple)) or not tensors:
         raise TypeError(f"{what} takes a non-empty list of tensors. Received: tensors={tensors!r}.")
-    xs = operands(tensors, what, writable=inplace)
-    rop, pre, post = reduce_args(xs[0], op, average, prescale_factor, postscale_factor, what)  # type: ignore[arg-type]
-    for x in xs[1:]:
-        reduce_args(x, op, average, prescale_factor, postscale_factor, what)  # type: ignore[arg-type]
+    ps, xs, rop, pre, post = grouped_args(inplace, tensors, average, op, prescale_factor, postscale_factor,
+                                          process_set, what)
     name = name_arg(name, what) or auto_name("grouped_allreduce")
     sig = grouped_sig(xs, name, rop, pre, post)
     return submit(ps.engine, backends.of(xs[0]).grouped_allreduce_request(ps, name, sig, tensors, xs, rop, pre, post,
@@ -85,9 +88,7 @@ def _grouped_allreduce_async(inplace: bool, tensors: Sequence[Any], average: Any
 def allgather_async(tensor: Any, name: str | None = None, process_set: ProcessSet | None = None) -> int:
     """Start an allgather; ``synchronize(handle)`` returns the concatenation along dim 0."""
     what = "horo.allgather_async"
-    ps = resolve(process_set, what)
-    x = operand(tensor, what)
-    need_dim(x, what)  # type: ignore[arg-type]
+    ps, x = allgather_args(tensor, process_set, what)
     name = name_arg(name, what) or auto_name("allgather")
     return submit(ps.engine, backends.of(x).allgather_request(ps, name, allgather_sig(x, name), tensor, x, what))
 
@@ -106,9 +107,7 @@ def broadcast_async_(tensor: Any, root_rank: int, name: str | None = None,
 
 def _broadcast_async(inplace: bool, tensor: Any, root_rank: Any, name: Any, process_set: Any) -> int:
     what = "horo.broadcast_async_" if inplace else "horo.broadcast_async"
-    ps = resolve(process_set, what)
-    x = operand(tensor, what, writable=inplace)
-    root = root_arg(root_rank, ps, what)
+    ps, x, root = broadcast_args(inplace, tensor, root_rank, process_set, what)
     name = name_arg(name, what) or auto_name("broadcast")
     sig = broadcast_sig(x, int(root_rank), name)
     return submit(ps.engine, backends.of(x).broadcast_request(ps, name, sig, tensor, x, root, inplace, what))
@@ -118,10 +117,7 @@ def alltoall_async(tensor: Any, splits: Any = None, name: str | None = None,
                    process_set: ProcessSet | None = None) -> int:
     """Start an alltoall; ``synchronize(handle)`` returns (received rows, received splits)."""
     what = "horo.alltoall_async"
-    ps = resolve(process_set, what)
-    x = operand(tensor, what)
-    need_dim(x, what)  # type: ignore[arg-type]
-    s = splits_arg(host_splits(splits), x, ps.size(), what)  # type: ignore[arg-type]
+    ps, x, s = alltoall_args(tensor, splits, process_set, what)
     name = name_arg(name, what) or auto_name("alltoall")
     return submit(ps.engine, backends.of(x).alltoall_request(ps, name, alltoall_sig(x, name), tensor, x, s, what))
 
@@ -131,11 +127,7 @@ def reducescatter_async(tensor: Any, op: Any = Average, name: str | None = None,
                         postscale_factor: float = 1.0) -> int:
     """Start a reducescatter; ``synchronize(handle)`` returns this rank's slice of the reduction."""
     what = "horo.reducescatter_async"
-    ps = resolve(process_set, what)
-    x = operand(tensor, what)
-    need_dim(x, what)  # type: ignore[arg-type]
-    rop, pre, post = reduce_args(x, op, None, prescale_factor, postscale_factor, what,  # type: ignore[arg-type]
-                                 allowed=(Sum, Average))
+    ps, x, rop, pre, post = reducescatter_args(tensor, op, prescale_factor, postscale_factor, process_set, what)
     name = name_arg(name, what) or auto_name("reducescatter")
     sig = reducescatter_sig(x, name, rop, pre, post)
     return submit(ps.engine, backends.of(x).reducescatter_request(ps, name, sig, tensor, x, rop, pre, post, what))

@@ -11,11 +11,12 @@ from . import device
 from .device import DeviceMeta
 from .dtypes import BFLOAT16, as_host_array
 from .errors import HoroTypeError, HoroValueError
-from .ops import Adasum, Average, ReduceOp, resolve_op
-from .process_sets import ProcessSet
+from .ops import Adasum, Average, ReduceOp, Sum, resolve_op
+from .process_sets import ProcessSet, resolve
 
 __all__ = ["host", "operand", "operands", "name_arg", "scale_arg", "reduce_args", "root_arg", "splits_arg",
-           "need_dim"]
+           "need_dim", "host_splits", "allreduce_args", "grouped_args", "allgather_args", "broadcast_args",
+           "alltoall_args", "reducescatter_args"]
 
 
 def host(tensor: Any, what: str, arg: str = "tensor") -> np.ndarray:
@@ -158,3 +159,55 @@ def splits_arg(splits: Any, arr: np.ndarray, n: int, what: str) -> np.ndarray:
             f"add up to tensor.shape[0]."
         )
     return s.astype(np.int64)
+
+
+def host_splits(splits: Any) -> Any:
+    """``splits`` as the host array the checks read (GPU splits are copied, without the staging log line)."""
+    if splits is not None and device.is_device_array(splits):
+        return device.stage_to_host(splits, "splits", note=False)
+    return splits
+
+
+# Each collective's checks, written once for its synchronous and asynchronous forms.
+def allreduce_args(inplace: bool, tensor: Any, average: Any, op: Any, pre: Any, post: Any, process_set: Any,
+                   what: str) -> tuple[ProcessSet, Any, ReduceOp, float, float]:
+    """(set, operand, op, prescale, postscale) of an allreduce."""
+    ps = resolve(process_set, what)
+    x = operand(tensor, what, writable=inplace)
+    return (ps, x, *reduce_args(x, op, average, pre, post, what))  # type: ignore[arg-type]
+
+
+def grouped_args(inplace: bool, tensors: Any, average: Any, op: Any, pre: Any, post: Any, process_set: Any,
+                 what: str) -> tuple[ProcessSet, list[Any], ReduceOp, float, float]:
+    """(set, operands, op, prescale, postscale) of a grouped allreduce; every tensor checked."""
+    ps = resolve(process_set, what)
+    xs = operands(tensors, what, writable=inplace)
+    args = [reduce_args(x, op, average, pre, post, what) for x in xs]
+    return (ps, xs, *(args[0] if args else (Sum, 1.0, 1.0)))
+
+
+def allgather_args(tensor: Any, process_set: Any, what: str) -> tuple[ProcessSet, Any]:
+    ps = resolve(process_set, what)
+    x = operand(tensor, what)
+    need_dim(x, what)
+    return ps, x
+
+
+def broadcast_args(inplace: bool, tensor: Any, root_rank: Any, process_set: Any,
+                   what: str) -> tuple[ProcessSet, Any, int]:
+    """(set, operand, the root's index in the set's communicator)."""
+    ps = resolve(process_set, what)
+    x = operand(tensor, what, writable=inplace)
+    return ps, x, root_arg(root_rank, ps, what)
+
+
+def alltoall_args(tensor: Any, splits: Any, process_set: Any, what: str) -> tuple[ProcessSet, Any, np.ndarray]:
+    """(set, operand, the rows sent to each rank)."""
+    ps, x = allgather_args(tensor, process_set, what)
+    return ps, x, splits_arg(host_splits(splits), x, ps.size(), what)
+
+
+def reducescatter_args(tensor: Any, op: Any, pre: Any, post: Any, process_set: Any,
+                       what: str) -> tuple[ProcessSet, Any, ReduceOp, float, float]:
+    ps, x = allgather_args(tensor, process_set, what)
+    return (ps, x, *reduce_args(x, op, None, pre, post, what, allowed=(Sum, Average)))

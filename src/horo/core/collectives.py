@@ -14,13 +14,23 @@ from typing import Any
 
 import numpy as np
 
-from . import backends, device, mpi_ops, repeat
+from . import backends, mpi_ops, repeat
 from .backends.host import reduce_group
-from .checks import name_arg, need_dim, operand, operands, reduce_args, root_arg, splits_arg
+from .checks import (
+    allgather_args,
+    allreduce_args,
+    alltoall_args,
+    broadcast_args,
+    grouped_args,
+    name_arg,
+    operands,
+    reducescatter_args,
+    root_arg,
+)
 from .errors import MismatchError
 from .fault import guard
 from .negotiation import JOIN, agree, agree_reduce, exchange, format_mismatch, joinable
-from .ops import Average, Sum
+from .ops import Average
 from .process_sets import ProcessSet, resolve
 from .signatures import allgather_sig, allreduce_sig, alltoall_sig, broadcast_sig, grouped_sig, reducescatter_sig
 
@@ -71,9 +81,8 @@ def _checked_allreduce(inplace: bool, tensor: Any, average: Any, name: Any, op: 
                        postscale_factor: Any, process_set: Any) -> Any:
     """allreduce / allreduce_ past the repeat path: check, agree, then the backend of the buffers."""
     what = "horo.allreduce_" if inplace else "horo.allreduce"
-    ps = resolve(process_set, what)
-    x = operand(tensor, what, writable=inplace)
-    rop, pre, post = reduce_args(x, op, average, prescale_factor, postscale_factor, what)  # type: ignore[arg-type]
+    ps, x, rop, pre, post = allreduce_args(inplace, tensor, average, op, prescale_factor, postscale_factor,
+                                           process_set, what)
     sig = allreduce_sig(x, name_arg(name, what), rop, pre, post)
     if tensor.__class__ is np.ndarray and x.flags.c_contiguous:  # type: ignore[union-attr]
         # A call the repeat path can look up later is remembered before it agrees.
@@ -102,22 +111,19 @@ def grouped_allreduce_(tensors: Sequence[Any], average: bool | None = None, name
 def _grouped_allreduce(inplace: bool, tensors: Sequence[Any], average: Any, name: Any, op: Any,
                        prescale_factor: Any, postscale_factor: Any, process_set: Any) -> list[Any]:
     what = "horo.grouped_allreduce_" if inplace else "horo.grouped_allreduce"
-    ps = resolve(process_set, what)
-    xs = operands(tensors, what, writable=inplace)
+    ps, xs, rop, pre, post = grouped_args(inplace, tensors, average, op, prescale_factor, postscale_factor,
+                                          process_set, what)
     if not xs:
         return []
-    rop, pre, post = zip(*(reduce_args(x, op, average, prescale_factor, postscale_factor, what) for x in xs))
-    joined = agree_reduce(ps.comm, grouped_sig(xs, name_arg(name, what), rop[0], pre[0], post[0]), ranks=ps.ranks)
-    return backends.of(xs[0]).grouped_allreduce(ps, tensors, xs, rop[0], pre[0], post[0], inplace, joined, what)
+    joined = agree_reduce(ps.comm, grouped_sig(xs, name_arg(name, what), rop, pre, post), ranks=ps.ranks)
+    return backends.of(xs[0]).grouped_allreduce(ps, tensors, xs, rop, pre, post, inplace, joined, what)
 
 
 @guard
 def allgather(tensor: Any, name: str | None = None, process_set: ProcessSet | None = None) -> Any:
     """Concatenate every rank's ``tensor`` along dim 0 (dim 0 may differ between ranks)."""
     what = "horo.allgather"
-    ps = resolve(process_set, what)
-    x = operand(tensor, what)
-    need_dim(x, what)  # type: ignore[arg-type]
+    ps, x = allgather_args(tensor, process_set, what)
     counts = agree(ps.comm, allgather_sig(x, name_arg(name, what)), payload=x.shape[0], ranks=ps.ranks)
     return backends.of(x).allgather(ps, tensor, x, counts, what)
 
@@ -145,18 +151,9 @@ def broadcast_(tensor: Any, root_rank: int, name: str | None = None, process_set
 
 def _broadcast(inplace: bool, tensor: Any, root_rank: Any, name: Any, process_set: Any) -> Any:
     what = "horo.broadcast_" if inplace else "horo.broadcast"
-    ps = resolve(process_set, what)
-    x = operand(tensor, what, writable=inplace)
-    root = root_arg(root_rank, ps, what)
+    ps, x, root = broadcast_args(inplace, tensor, root_rank, process_set, what)
     agree(ps.comm, broadcast_sig(x, int(root_rank), name_arg(name, what)), ranks=ps.ranks)
     return backends.of(x).broadcast(ps, tensor, x, root, inplace, what)
-
-
-def host_splits(splits: Any) -> Any:
-    """``splits`` as the host array the checks read (GPU splits are copied, without the staging log line)."""
-    if splits is not None and device.is_device_array(splits):
-        return device.stage_to_host(splits, "splits", note=False)
-    return splits
 
 
 @guard
@@ -164,10 +161,7 @@ def alltoall(tensor: Any, splits: Any = None, name: str | None = None,
              process_set: ProcessSet | None = None) -> tuple[Any, np.ndarray]:
     """Send ``splits[r]`` rows to rank r; returns (received rows, received splits as numpy int64)."""
     what = "horo.alltoall"
-    ps = resolve(process_set, what)
-    x = operand(tensor, what)
-    need_dim(x, what)  # type: ignore[arg-type]
-    s = splits_arg(host_splits(splits), x, ps.size(), what)  # type: ignore[arg-type]
+    ps, x, s = alltoall_args(tensor, splits, process_set, what)
     agree(ps.comm, alltoall_sig(x, name_arg(name, what)), ranks=ps.ranks)
     return backends.of(x).alltoall(ps, tensor, x, s, what)
 
@@ -178,11 +172,7 @@ def reducescatter(tensor: Any, op: Any = Average, name: str | None = None,
                   postscale_factor: float = 1.0) -> Any:
     """Reduce over the set, then give rank r its slice of dim 0 (the first dim0 % size ranks get one more row)."""
     what = "horo.reducescatter"
-    ps = resolve(process_set, what)
-    x = operand(tensor, what)
-    need_dim(x, what)  # type: ignore[arg-type]
-    rop, pre, post = reduce_args(x, op, None, prescale_factor, postscale_factor, what,  # type: ignore[arg-type]
-                                 allowed=(Sum, Average))
+    ps, x, rop, pre, post = reducescatter_args(tensor, op, prescale_factor, postscale_factor, process_set, what)
     agree(ps.comm, reducescatter_sig(x, name_arg(name, what), rop, pre, post), ranks=ps.ranks)
     return backends.of(x).reducescatter(ps, tensor, x, rop, pre, post, what)
 
