@@ -268,6 +268,14 @@ def test_cuda_descriptors_are_device_arrays() -> None:
     assert device.dlpack_device(np.zeros(1)) == (device.KDL_CPU, 0)
 
 
+def test_objects_of_other_torch_named_packages_are_told_apart_from_torch_tensors() -> None:
+    # e.g. torch_geometric's Data: its package name starts with "torch", but it is no tensor (no is_cuda).
+    data = type("Data", (), {"__module__": "torch_geometric.data"})()
+    assert device.is_device_array(data) is False
+    assert device.is_device_array(type("Arr", (_DLPackDevice,), {"__module__": "torchfoo"})(device.KDL_CUDA, 2))
+    assert device.device_index(type("Arr", (_DLPackDevice,), {"__module__": "torchfoo"})(device.KDL_CUDA, 2)) == 2
+
+
 def test_torch_cpu_tensors_are_host_and_described() -> None:
     torch = pytest.importorskip("torch")
     names = ["uint8", "int8", "uint16", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64",

@@ -129,7 +129,7 @@ def is_device_array(x: Any) -> bool:
     """True for arrays in CUDA device memory: CuPy arrays, ``__cuda_array_interface__`` objects, DLPack CUDA."""
     if isinstance(x, _HOST_TYPES):
         return False
-    if _is_torch(x):  # torch's __dlpack_device__ is Python code: its C attribute costs ~20x less
+    if framework_of(x) == "torch":  # torch's __dlpack_device__ is Python code: its C attribute costs ~20x less
         return bool(x.is_cuda)
     dev = dlpack_device(x)
     if dev is not None:
@@ -140,13 +140,9 @@ def is_device_array(x: Any) -> bool:
         return False
 
 
-def _is_torch(x: Any) -> bool:
-    return (type(x).__module__ or "").startswith("torch")
-
-
 def device_index(x: Any) -> int:
     """The CUDA device a device array lives on."""
-    if _is_torch(x):
+    if framework_of(x) == "torch":
         return int(x.get_device())
     dev = dlpack_device(x)
     if dev is not None:
