@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from . import adasum, half, hierarchy
+from . import adasum, half, hierarchy, ring
 from .config import config
 from .dtypes import _UPCAST, needs_upcast
 from .ops import Adasum, Average, Max, Min, Product, ReduceOp, Sum
@@ -93,7 +93,7 @@ def allreduce_into(comm: Any, send: np.ndarray, out: np.ndarray, op: ReduceOp,
         if send is out:
             comm.Allreduce(MPI.IN_PLACE, [out, _DATATYPES[out.dtype]], op=_mpi_op(op, out.dtype))
         else:
-            comm.Allreduce([send, _DATATYPES[send.dtype]], [out, _DATATYPES[out.dtype]], op=_mpi_op(op, out.dtype))
+            _out_of_place(comm, send, out, op)
         if op is Average or postscale != 1.0:
             finish_reduction(np, out, op, size, postscale)
         return out
@@ -126,10 +126,19 @@ def allreduce_into(comm: Any, send: np.ndarray, out: np.ndarray, op: ReduceOp,
         if inplace:
             comm.Allreduce(MPI.IN_PLACE, _typed(piece), op=mpi_op)
         else:
-            comm.Allreduce(_typed(src[s:s + step]), _typed(piece), op=mpi_op)
+            _out_of_place(comm, src[s:s + step], piece, op)
         _finish(piece, op, size, postscale)
         progress()
     return out
+
+
+def _out_of_place(comm: Any, send: np.ndarray, out: np.ndarray, op: ReduceOp) -> None:
+    """One flat out-of-place reduction: horo's ring from HORO_RING_MIN_BYTES (see ring.py), else MPI's."""
+    dt = _DATATYPES[out.dtype]
+    if ring.usable(comm.Get_size(), out.nbytes, out.dtype, op, config["HORO_RING_MIN_BYTES"]):
+        ring.allreduce(comm, send, out, op, dt, MPI.IN_PLACE)
+    else:
+        comm.Allreduce([send, dt], [out, dt], op=_mpi_op(op, out.dtype))
 
 
 _HIER_PIECE_BYTES = 1 << 20

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from . import mpi_ops, watchdog
+from . import mpi_ops, ring, watchdog
 from .config import config
 from .fault import raise_failure
 from .negotiation import Signature, agree, agree_quiet, sig_hash
@@ -99,6 +99,8 @@ def run(entry: tuple, send: np.ndarray, out: np.ndarray | None) -> np.ndarray:
         try:
             if send is out:
                 comm.Allreduce(in_place, [out, dt], op=mop)
+            elif ring.usable(comm.Get_size(), nbytes, send.dtype, rop, config["HORO_RING_MIN_BYTES"]):
+                ring.allreduce(comm, send, out, rop, dt, in_place)
             else:
                 comm.Allreduce([send, dt], [out, dt], op=mop)
         finally:
