@@ -36,6 +36,9 @@ def init(comm: Any = None, process_sets: Sequence[ProcessSet] | None = None) -> 
     global _atexit_registered
     if state.initialized:
         return
+    from . import mpi_env
+
+    mpi_env.before_init()  # Open MPI reads it in MPI_Init, which this import may run
     from mpi4py import MPI
 
     if comm is None:
@@ -70,6 +73,8 @@ def init(comm: Any = None, process_sets: Sequence[ProcessSet] | None = None) -> 
     from .engine import Engine
 
     me = world.Get_rank()
+    if me == 0 and not mpi_env.integer_sums_wrap(MPI):
+        print(f"horo: warning: {mpi_env.SATURATION_HINT}", file=sys.stderr, flush=True)
     local = world.Split_type(MPI.COMM_TYPE_SHARED, key=me)
     cross = world.Split(local.Get_rank(), key=me)
     local_sizes = world.allgather(local.Get_size())

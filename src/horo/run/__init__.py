@@ -18,6 +18,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from horo.core import mpi_env
 from horo.core.config import horo_name
 from horo.run.args import UsageError, parse_args
 from horo.run.hosts import (
@@ -149,6 +150,7 @@ def main(argv: list[str] | None = None) -> int:
     if ns.hierarchical_allgather:
         extra["HORO_HIERARCHICAL_ALLGATHER"] = "1"
     env = {**os.environ, **extra}
+    mpi_env.before_init(env)  # also for ranks whose script starts MPI before horo.init()
     genv: dict[str, str] = {}
     if "HORO_TIMELINE" in extra:
         genv["HORO_TIMELINE"] = extra["HORO_TIMELINE"]
