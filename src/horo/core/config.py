@@ -99,12 +99,12 @@ _DEFAULTS: dict[str, float] = {
     # Bytes per MPI call for allreduces above 8x this: cache-sized pieces ran ~4x faster than one 64 MiB
     # call here, while a single call stays faster up to a few MiB.
     "HORO_CHUNK_BYTES": 1 << 20,
+    # Bytes from which an out-of-place allreduce goes round horo's own ring (ring.py) instead of MPI's
+    # out-of-place Allreduce, which copies first and was the slower from here (docs/design-engine.md). 0: never.
+    "HORO_RING_MIN_BYTES": 256 << 10,
     # ms between engine rounds while this rank has nothing pending. A parked rank wakes at once on its own
     # submission, which any pending op needs anyway, so a long tick costs no latency; it only sets how
     # often idle ranks report to the stall inspector, and keeps idle CPU near zero.
-    # Bytes from which an out-of-place allreduce goes round horo's own ring (ring.py) instead of MPI's
-    # out-of-place Allreduce, which copies first: 0.6-0.9x MPI's time from 256 KiB here. 0: never.
-    "HORO_RING_MIN_BYTES": 256 << 10,
     "HORO_CYCLE_TIME": 50.0,
     "HORO_CACHE_CAPACITY": 1024,
     "HORO_STALL_CHECK_TIME_SECONDS": 60.0,
