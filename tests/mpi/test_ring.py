@@ -105,3 +105,14 @@ def test_usable_only_where_numpy_reduces_like_mpi(hvd):
     check(not ring.usable(2, (256 << 10) - 1, f32, hvd.Sum, 256 << 10), "below the threshold")
     check(not ring.usable(2, big, BOOL, hvd.Sum, 256 << 10), "bool reduces with MPI's logical ops")
     check(not ring.usable(2, big, f32, hvd.Adasum, 256 << 10), "Adasum has its own algorithm")
+
+
+def test_on_one_host_out_of_place_allreduces_use_the_ring_from_256_kib(hvd):
+    # Across hosts init() turns it off (tests/multihost: test_topology), where Open MPI knows the hosts.
+    import os
+
+    from horo.core.config import config
+
+    if os.environ.get("HORO_RING_MIN_BYTES"):
+        pytest.skip("HORO_RING_MIN_BYTES is set in the environment")
+    check(config.int("HORO_RING_MIN_BYTES") == 256 << 10, f"HORO_RING_MIN_BYTES={config['HORO_RING_MIN_BYTES']}")

@@ -126,6 +126,9 @@ def test_topology(bed, layout):
     rc, out, _ = hororun(bed, ["-np", str(sum(layout)), "-H", hosts, *job("job_topology.py")])
     assert rc == 0, out[-6000:]
     assert _topology(out) == _expected(layout), out[-6000:]
+    # Across hosts: 16 MiB pieces, and MPI's host-aware out-of-place allreduce instead of horo's flat ring.
+    net = sorted(re.findall(r"^NET (\d+) (\d+) (\d+)$", out, re.M))
+    assert net == [(str(r), str(16 << 20), "0") for r in range(sum(layout))], out[-6000:]
 
 
 def test_ranks_on_different_hosts_are_not_bound_to_one_core(bed):

@@ -78,7 +78,7 @@ def init(comm: Any = None, process_sets: Sequence[ProcessSet] | None = None) -> 
     local = world.Split_type(MPI.COMM_TYPE_SHARED, key=me)
     cross = world.Split(local.Get_rank(), key=me)
     local_sizes = world.allgather(local.Get_size())
-    _network_chunk(world, local_sizes)
+    _network_defaults(world, local_sizes)
     try:
         tune_opts, tuner = autotune_setup(world, Engine.configured_knobs())
     except BaseException:
@@ -184,23 +184,29 @@ def _unlink(paths: list[str]) -> None:
 NETWORK_CHUNK_BYTES = 16 << 20
 
 
-def _network_chunk(world: Any, local_sizes: list[int]) -> None:
-    """Across hosts, large allreduces go in 16 MiB pieces unless the user set HORO_CHUNK_BYTES (collective).
+def _network_defaults(world: Any, local_sizes: list[int]) -> None:
+    """Across hosts, defaults for a network (collective), each unless the user set it:
 
-    The 1 MiB default keeps each call cache-sized on shared memory; over TCP every piece costs round trips.
-    On the emulated 1 Gbit/s cluster a 16 MiB allreduce in 1 MiB pieces ran at 0.50-0.73x raw MPI, in
-    16 MiB pieces at 1.01x (docs/multihost.md).
+    - large allreduces go in 16 MiB pieces (HORO_CHUNK_BYTES). The 1 MiB default keeps each call cache-sized
+      on shared memory; over TCP every piece costs round trips. On the emulated 1 Gbit/s cluster a 16 MiB
+      allreduce in 1 MiB pieces ran at 0.50-0.73x raw MPI, in 16 MiB pieces at 1.01x (docs/multihost.md);
+    - out-of-place allreduces keep MPI's algorithm (HORO_RING_MIN_BYTES=0). horo's flat ring knows nothing
+      of hosts: at 2 hosts x 2 ranks it sent 1.5x the bytes of Open MPI's host-aware allreduce across the
+      link and ran at 0.55x its speed; at 2 x 1 it was level (docs/multihost.md, "Session 16").
     """
     spans_hosts = local_sizes[0] < world.Get_size()  # the same on every rank
     if not spans_hosts:
         return
     from .autotune import explicit_knobs
 
-    use = world.bcast("chunk_bytes" not in explicit_knobs() if world.Get_rank() == 0 else None, root=0)
-    if use:
-        from .config import config
+    mine = ("chunk_bytes" not in explicit_knobs(), not os.environ.get("HORO_RING_MIN_BYTES"))
+    chunk, ring = world.bcast(mine if world.Get_rank() == 0 else None, root=0)
+    from .config import config
 
+    if chunk:
         config["HORO_CHUNK_BYTES"] = float(max(config.int("HORO_CHUNK_BYTES"), NETWORK_CHUNK_BYTES))
+    if ring:
+        config["HORO_RING_MIN_BYTES"] = 0.0
 
 
 def shutdown() -> None:
