@@ -1,5 +1,5 @@
-"""core/mpi_env.py: the Open MPI settings horo makes before MPI starts (the collective check is
-tests/mpi/test_allreduce.py::test_small_integer_sums_wrap_around_like_numpy)."""
+"""core/mpi_env.py: the Open MPI settings horo makes before MPI starts (its collective checks, and the
+fallback sum's, are in tests/mpi/test_allreduce.py and tests/test_mpi_jobs.py: MPI must not start here)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,3 @@ def test_a_value_the_user_set_wins() -> None:
     env = {"OMPI_MCA_op": ""}
     mpi_env.before_init(env)
     assert env == {"OMPI_MCA_op": ""}
-
-
-def test_the_hint_names_the_setting() -> None:
-    assert "OMPI_MCA_op=^avx" in mpi_env.SATURATION_HINT and "HINT:" in mpi_env.SATURATION_HINT

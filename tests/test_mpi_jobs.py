@@ -192,3 +192,39 @@ def test_rank_leaving_during_a_collective_ends_the_job(tmp_path, n, kind, how):
     elif n == 3:  # rank 0 is stuck inside MPI on the process set: the job is aborted, with a reason
         assert "Aborting the job instead of hanging" in out, out[-4000:]
     assert not _left_running(str(tmp_path / "job.py")), _left_running(str(tmp_path / "job.py"))
+
+
+_SMALL_INT_SUMS_SCRIPT = """
+    from mpi4py import MPI  # MPI starts here, before horo could set anything
+    import numpy as np
+    import horo
+
+    horo.init()
+    n, bad = horo.size(), []
+    for dtype in (np.int8, np.uint8, np.int16, np.uint16):
+        for length in (8, 64, 1000, (1 << 18) + 3):
+            x = np.full(length, np.iinfo(dtype).max - 3 - horo.rank(), dtype)
+            want = sum(np.full(length, np.iinfo(dtype).max - 3 - r, np.int64) for r in range(n)).astype(dtype)
+            y = x.copy()
+            horo.allreduce_(y, op=horo.Sum)
+            got = [horo.allreduce(x, op=horo.Sum), y, horo.grouped_allreduce([x, x[:5]], op=horo.Sum)[0],
+                   horo.reducescatter(x, op=horo.Sum)]
+            lo, hi = [int(v) for v in np.cumsum([0] + [len(c) for c in np.array_split(x, n)])[horo.rank():][:2]]
+            if not (all(np.array_equal(g, want) for g in got[:3]) and np.array_equal(got[3], want[lo:hi])):
+                bad.append((np.dtype(dtype).name, length))
+    from horo.core import mpi_ops
+
+    print("RANK", horo.rank(), "BAD", bad, "WRAPPED_BY_HORO", bool(mpi_ops._SMALL_INT_SUM), flush=True)
+"""
+
+
+@pytest.mark.parametrize("op_env", ["", "^avx"], ids=["avx-kept", "avx-left-out"])
+def test_small_integer_sums_wrap_when_mpi_started_before_horo(tmp_path, op_env):
+    """A script that starts MPI before horo.init() under a plain mpiexec: on Open MPI with op/avx kept
+    (OMPI_MCA_op=""), horo's own sum must take over, or int8/int16 sums saturate (core/mpi_env.py)."""
+    rc, out, _ = run_job(tmp_path, 2, _SMALL_INT_SUMS_SCRIPT, env_extra={"OMPI_MCA_op": op_env})
+    assert rc == 0, out[-4000:]
+    rows = re.findall(r"RANK (\d) BAD (.*) WRAPPED_BY_HORO (\w+)", out)
+    assert len(rows) == 2 and all(bad == "[]" for _, bad, _ in rows), out[-4000:]
+    if op_env == "^avx":
+        assert all(wrapped == "False" for *_, wrapped in rows), "no fallback needed once op/avx is out"

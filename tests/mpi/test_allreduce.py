@@ -304,3 +304,20 @@ def test_small_integer_sums_wrap_around_like_numpy(hvd, world, rank, dtype, leng
         np.testing.assert_array_equal(grouped[1], expected[:5], err_msg="grouped_allreduce (fused)")
 
     agree(_check)
+
+
+def test_the_fallback_sum_wraps_around_like_numpy(hvd):
+    # horo's own sum for jobs whose MPI was started with Open MPI's saturating op/avx (core/mpi_env.py).
+    from mpi4py import MPI
+
+    from horo.core import mpi_env
+
+    op = mpi_env.wrapping_sum(MPI)
+    try:
+        for dtype, datatype in zip(mpi_env.SMALL_INTEGERS, (MPI.INT8_T, MPI.UINT8_T, MPI.INT16_T, MPI.UINT16_T)):
+            mine = np.full(1000, np.iinfo(dtype).max - 3, dtype)
+            acc = mine.copy()
+            op.Reduce_local([mine, datatype], [acc, datatype])
+            np.testing.assert_array_equal(acc, (mine.astype(np.int64) * 2).astype(dtype))
+    finally:
+        op.Free()

@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from . import adasum, half, hierarchy, ring
+from . import adasum, half, hierarchy, mpi_env, ring
 from .config import config
 from .dtypes import _UPCAST, needs_upcast
 from .ops import Adasum, Average, Max, Min, Product, ReduceOp, Sum
@@ -50,7 +50,24 @@ def _load() -> None:
 def _mpi_op(op: ReduceOp, dtype: np.dtype) -> Any:
     if MPI is None:
         _load()
-    return _BOOL_OPS[op] if dtype == np.bool_ else _MPI_OPS[op]
+    if dtype == np.bool_:
+        return _BOOL_OPS[op]
+    if _SMALL_INT_SUM and (op is Sum or op is Average) and dtype in _SMALL_INT_SUM:
+        return _SMALL_INT_SUM[dtype]
+    return _MPI_OPS[op]
+
+
+_SMALL_INT_SUM: dict[np.dtype, Any] = {}  # filled where MPI's own sum saturates (see mpi_env)
+
+
+def use_wrapping_sums(saturating: bool) -> None:
+    """Sum 8- and 16-bit integers with horo's operation when MPI's saturates (agreed at init: every rank
+    must pass the same operation to a collective)."""
+    if MPI is None:
+        _load()
+    if saturating and not _SMALL_INT_SUM:
+        op = mpi_env.wrapping_sum(MPI)
+        _SMALL_INT_SUM.update(dict.fromkeys(mpi_env.SMALL_INTEGERS, op))
 
 
 def _typed(arr: np.ndarray) -> list[Any]:

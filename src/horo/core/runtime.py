@@ -73,8 +73,9 @@ def init(comm: Any = None, process_sets: Sequence[ProcessSet] | None = None) -> 
     from .engine import Engine
 
     me = world.Get_rank()
-    if me == 0 and not mpi_env.integer_sums_wrap(MPI):
-        print(f"horo: warning: {mpi_env.SATURATION_HINT}", file=sys.stderr, flush=True)
+    from . import mpi_ops
+
+    mpi_ops.use_wrapping_sums(world.allreduce(not mpi_env.integer_sums_wrap(MPI), op=MPI.LOR))
     local = world.Split_type(MPI.COMM_TYPE_SHARED, key=me)
     cross = world.Split(local.Get_rank(), key=me)
     local_sizes = world.allgather(local.Get_size())
