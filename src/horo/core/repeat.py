@@ -29,7 +29,7 @@ __all__ = ["call", "key", "lookup", "remember", "run"]
 _LIMIT = 4096  # entries; unbounded unique names or shapes must not grow memory
 
 # key -> (process set, its communicator then, signature, hash, op, prescale, postscale, one call possible?,
-#         MPI op, MPI datatype, MPI.IN_PLACE, finish?, result up to 4 KiB?, bytes)
+#         MPI op, MPI datatype, MPI.IN_PLACE, finish?, result up to 4 KiB?, bytes, out of place by ring.py?)
 _SEEN: dict[tuple, tuple] = {}
 
 
@@ -80,12 +80,14 @@ def remember(k: tuple, ps: ProcessSet, arr: np.ndarray, sig: Signature, rop: Red
     mpi = mpi_ops.MPI
     _SEEN[k] = (ps, ps.comm, sig, sig_hash(sig), rop, pre, post, one_call,
                 mpi_ops._mpi_op(rop, arr.dtype) if one_call else None, mpi_ops._DATATYPES.get(arr.dtype),
-                mpi.IN_PLACE, rop is Average or post != 1.0, arr.nbytes <= mpi_ops._SMALL_BYTES, arr.nbytes)
+                mpi.IN_PLACE, rop is Average or post != 1.0, arr.nbytes <= mpi_ops._SMALL_BYTES, arr.nbytes,
+                # init() fixed the threshold; a new world (elastic) drops the entry with its communicator
+                ring.usable(ps.comm.Get_size(), arr.nbytes, arr.dtype, rop, config["HORO_RING_MIN_BYTES"]))
 
 
 def run(entry: tuple, send: np.ndarray, out: np.ndarray | None) -> np.ndarray:
     """Agree, then reduce ``send`` into ``out`` (the same array for in place; None: a new result)."""
-    ps, comm, sig, h, rop, pre, post, one_call, mop, dt, in_place, finish, tiny, nbytes = entry
+    ps, comm, sig, h, rop, pre, post, one_call, mop, dt, in_place, finish, tiny, nbytes, by_ring = entry
     if out is None:  # mpi_ops.result_buffer's choice, made once: a plain np.empty up to 4 KiB
         out = np.empty(send.shape, send.dtype) if tiny else mpi_ops.result_buffer(send.shape, send.dtype)
     if watchdog.enabled():
@@ -99,7 +101,7 @@ def run(entry: tuple, send: np.ndarray, out: np.ndarray | None) -> np.ndarray:
         try:
             if send is out:
                 comm.Allreduce(in_place, [out, dt], op=mop)
-            elif ring.usable(comm.Get_size(), nbytes, send.dtype, rop, config["HORO_RING_MIN_BYTES"]):
+            elif by_ring:
                 ring.allreduce(comm, send, out, rop, dt, in_place)
             else:
                 comm.Allreduce([send, dt], [out, dt], op=mop)
