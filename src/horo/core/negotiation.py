@@ -20,7 +20,7 @@ from .ops import Average, Sum
 from .watchdog import guarded
 
 __all__ = ["Signature", "JOIN", "BLOCKED", "agree", "agree_reduce", "exchange", "format_mismatch", "joinable",
-           "sig_hash", "agree_quiet"]
+           "sig_hash", "agree_quiet", "agree_prepared", "prepared"]
 
 Signature = tuple  # tuple of (field, value) pairs, hashable and picklable
 
@@ -109,6 +109,35 @@ def _allgather_hash(comm: Any, h: int, payload: int) -> list[int]:
     finally:
         BLOCKED.comm = None
     return recv.tolist()
+
+
+def prepared(comm: Any, h: int) -> tuple[list[Any], list[Any], np.ndarray, bytes]:
+    """The buffers of :func:`agree_prepared` for one signature hash on ``comm``, made once per repeat entry."""
+    from mpi4py import MPI
+
+    send = np.array([h, 0], dtype=np.int64)
+    recv = np.empty(2 * comm.Get_size(), dtype=np.int64)
+    return [send, MPI.INT64_T], [recv, MPI.INT64_T], recv, np.tile(send, comm.Get_size()).tobytes()
+
+
+def agree_prepared(comm: Any, bufs: tuple[list[Any], list[Any], np.ndarray, bytes], sig: Signature, h: int,
+                   ranks: list[int] | None) -> None:
+    """:func:`agree_quiet` with the buffers of :func:`prepared` (repeat calls: ~1 µs less per call).
+
+    Every rank that agrees sends the very same 16 bytes (hash, payload 0), so equal bytes prove agreement;
+    anything else goes through the full comparison.
+    """
+    send_spec, recv_spec, recv, expected = bufs
+    BLOCKED.seq += 1
+    BLOCKED.comm = comm
+    try:
+        comm.Allgather(send_spec, recv_spec)
+    finally:
+        BLOCKED.comm = None
+    if recv.tobytes() != expected:
+        hashes = recv.tolist()[0::2]
+        if hashes.count(h) != len(hashes):
+            _disagree(comm.allgather(sig), ranks)
 
 
 def agree_quiet(comm: Any, sig: Signature, h: int, ranks: list[int] | None) -> None:

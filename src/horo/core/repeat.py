@@ -18,7 +18,7 @@ import numpy as np
 from . import mpi_ops, ring, watchdog
 from .config import config
 from .fault import raise_failure
-from .negotiation import Signature, agree, agree_quiet, sig_hash
+from .negotiation import Signature, agree, agree_prepared, prepared, sig_hash
 from .ops import Adasum, Average, ReduceOp
 from .process_sets import ProcessSet
 from .scaling import finish_reduction
@@ -29,7 +29,8 @@ __all__ = ["call", "key", "lookup", "remember", "run"]
 _LIMIT = 4096  # entries; unbounded unique names or shapes must not grow memory
 
 # key -> (process set, its communicator then, signature, hash, op, prescale, postscale, one call possible?,
-#         MPI op, MPI datatype, MPI.IN_PLACE, finish?, result up to 4 KiB?, bytes, out of place by ring.py?)
+#         MPI op, MPI datatype, MPI.IN_PLACE, finish?, result up to 4 KiB?, bytes, out of place by ring.py?,
+#         the agreement's buffers)
 _SEEN: dict[tuple, tuple] = {}
 
 
@@ -78,24 +79,26 @@ def remember(k: tuple, ps: ProcessSet, arr: np.ndarray, sig: Signature, rop: Red
     one_call = pre == 1.0 and not mpi_ops.needs_upcast(arr.dtype) and rop is not Adasum
     mpi_ops._load()
     mpi = mpi_ops.MPI
-    _SEEN[k] = (ps, ps.comm, sig, sig_hash(sig), rop, pre, post, one_call,
+    h = sig_hash(sig)
+    _SEEN[k] = (ps, ps.comm, sig, h, rop, pre, post, one_call,
                 mpi_ops._mpi_op(rop, arr.dtype) if one_call else None, mpi_ops._DATATYPES.get(arr.dtype),
                 mpi.IN_PLACE, rop is Average or post != 1.0, arr.nbytes <= mpi_ops._SMALL_BYTES, arr.nbytes,
                 # init() fixed the threshold; a new world (elastic) drops the entry with its communicator
-                ring.usable(ps.comm.Get_size(), arr.nbytes, arr.dtype, rop, config["HORO_RING_MIN_BYTES"]))
+                ring.usable(ps.comm.Get_size(), arr.nbytes, arr.dtype, rop, config["HORO_RING_MIN_BYTES"]),
+                prepared(ps.comm, h))
 
 
 def run(entry: tuple, send: np.ndarray, out: np.ndarray | None) -> np.ndarray:
     """Agree, then reduce ``send`` into ``out`` (the same array for in place; None: a new result)."""
-    ps, comm, sig, h, rop, pre, post, one_call, mop, dt, in_place, finish, tiny, nbytes, by_ring = entry
+    ps, comm, sig, h, rop, pre, post, one_call, mop, dt, in_place, finish, tiny, nbytes, by_ring, bufs = entry
     if out is None:  # mpi_ops.result_buffer's choice, made once: a plain np.empty up to 4 KiB
         out = np.empty(send.shape, send.dtype) if tiny else mpi_ops.result_buffer(send.shape, send.dtype)
-    if watchdog.enabled():
+    if watchdog.enabled():  # its guarded agreement, and the guarded reduction of allreduce_into
         agree(comm, sig, ranks=ps.ranks, h=h)
-    else:
-        agree_quiet(comm, sig, h, ps.ranks)
+        return mpi_ops.allreduce_into(comm, send, out, rop, pre, post)
+    agree_prepared(comm, bufs, sig, h, ps.ranks)
     if (one_call and (nbytes <= mpi_ops._ONE_CALL_BYTES or nbytes <= 8 * config["HORO_CHUNK_BYTES"])
-            and not watchdog.enabled() and not mpi_ops._hier_on("HORO_HIERARCHICAL_ALLREDUCE")):
+            and not mpi_ops._hier_on("HORO_HIERARCHICAL_ALLREDUCE")):
         # What mpi_ops.allreduce_into does for an array it reduces in one MPI call, without its dispatch.
         mark = watchdog.enter_mpi()  # as its guard would: across hosts the engine polls slowly beside it
         try:
