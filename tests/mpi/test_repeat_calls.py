@@ -148,3 +148,74 @@ def test_repeat_calls_after_shutdown_and_init(hvd, rank):
         assert proc.returncode == 0 and "CHILD-OK" in proc.stdout, proc.stdout[-3000:] + proc.stderr[-3000:]
 
     agree(_run if rank == 0 else (lambda: None))
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.int64])
+def test_repeat_async_calls_give_exact_results(hvd, world, rank, dtype):
+    from horo.core import repeat
+
+    for step in range(4):
+        x = np.full(5, rank + step, dtype=dtype)
+        total = sum(r + step for r in range(world))
+        y = x.copy()
+        h_out = hvd.allreduce_async(x, op=hvd.Sum, name="repeat.async")
+        h_back = hvd.allreduce_async_(y, op=hvd.Sum, name="repeat.async_")
+        h_avg = hvd.allreduce_async(x.astype(np.float64), name="repeat.async.avg")  # the default op, Average
+        out, back, avg = hvd.synchronize(h_out), hvd.synchronize(h_back), hvd.synchronize(h_avg)
+
+        def _check(x=x, out=out, y=y, back=back, avg=avg, total=total, step=step):
+            np.testing.assert_array_equal(out, np.full(5, total, dtype=dtype))
+            np.testing.assert_array_equal(x, np.full(5, rank + step, dtype=dtype))  # input untouched
+            assert back is y
+            np.testing.assert_array_equal(y, np.full(5, total, dtype=dtype))
+            np.testing.assert_allclose(avg, np.full(5, total / world))
+            assert not np.shares_memory(out, x)
+
+        agree(_check)
+    agree(lambda: len(repeat.ASYNC) >= 3 or pytest.fail(f"async calls not remembered: {list(repeat.ASYNC)}"))
+
+
+def test_a_remembered_async_call_still_checks_its_arguments(hvd, world, rank):
+    x = np.ones(4, dtype=np.float32)
+    _twice(lambda: hvd.synchronize(hvd.allreduce_async_(x, op=hvd.Sum, name="repeat.async.args")))
+    _twice(lambda: hvd.synchronize(hvd.allreduce_async(x, prescale_factor=1.0, name="repeat.async.args2")))
+    ro = np.ones(4, dtype=np.float32)
+    ro.flags.writeable = False
+    errors = {}
+    for label, call in {
+        "read-only": lambda: hvd.allreduce_async_(ro, op=hvd.Sum, name="repeat.async.args"),
+        "bool prescale": lambda: hvd.allreduce_async(x, prescale_factor=True, name="repeat.async.args2"),
+    }.items():
+        errors[label] = outcome(call)[1]
+    # A name still in flight is refused on a repeat as on a first call.
+    h = hvd.allreduce_async_(x, op=hvd.Sum, name="repeat.async.args")
+    errors["in flight"] = outcome(lambda: hvd.allreduce_async_(x, op=hvd.Sum, name="repeat.async.args"))[1]
+    hvd.synchronize(h)
+
+    def _check():
+        assert isinstance(errors["read-only"], ValueError) and "read-only" in str(errors["read-only"]), errors
+        assert isinstance(errors["bool prescale"], TypeError) and "prescale_factor=True" in str(
+            errors["bool prescale"]), errors
+        assert isinstance(errors["in flight"], ValueError) and "already in flight" in str(errors["in flight"]), errors
+
+    agree(_check)
+
+
+@pytest.mark.usefixtures("multi")
+@pytest.mark.parametrize("who", ["first", "others"])
+def test_a_remembered_async_call_still_raises_a_mismatch_on_every_rank(hvd, world, rank, who):
+    x = np.ones(3, dtype=np.float32)
+    _twice(lambda: hvd.synchronize(hvd.allreduce_async(x, name="repeat.async.mismatch")))
+    odd = (rank == 0) == (who == "first")
+    arg = x.astype(np.float64) if odd else x
+    sync_comm().Barrier()
+    _, exc, elapsed = outcome(lambda: hvd.synchronize(hvd.allreduce_async(arg, name="repeat.async.mismatch")))
+
+    def _check():
+        assert isinstance(exc, hvd.MismatchError), f"expected MismatchError, got {exc!r}"
+        assert "float64" in str(exc) and "float32" in str(exc), str(exc)
+        assert elapsed < 5.0, elapsed
+
+    agree(_check)
+    out = _twice(lambda: hvd.synchronize(hvd.allreduce_async(x, op=hvd.Sum, name="repeat.async.after")))
+    agree(np.testing.assert_array_equal, out, np.full(3, world, dtype=np.float32))

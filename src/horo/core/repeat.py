@@ -24,7 +24,7 @@ from .process_sets import ProcessSet
 from .scaling import finish_reduction
 from .state import state
 
-__all__ = ["call", "key", "lookup", "remember", "run"]
+__all__ = ["call", "key", "lookup", "remember", "remember_async", "run", "ASYNC"]
 
 _LIMIT = 4096  # entries; unbounded unique names or shapes must not grow memory
 
@@ -32,6 +32,10 @@ _LIMIT = 4096  # entries; unbounded unique names or shapes must not grow memory
 #         MPI op, MPI datatype, MPI.IN_PLACE, finish?, result up to 4 KiB?, bytes, out of place by ring.py?,
 #         the agreement's buffers)
 _SEEN: dict[tuple, tuple] = {}
+# The same for named asynchronous allreduces of numpy arrays, whose checks and signature are reused the same
+# way (the engine still negotiates every one): key -> (process set, its communicator then, signature, op,
+# prescale, postscale).
+ASYNC: dict[tuple, tuple] = {}
 
 
 def key(inplace: bool, arr: np.ndarray, average: Any, name: Any, op: Any, pre: Any, post: Any,
@@ -58,17 +62,24 @@ def call(inplace: bool, arr: np.ndarray, average: Any, name: Any, op: Any, pre: 
         raise
 
 
-def lookup(k: tuple) -> tuple | None:
+def lookup(k: tuple, table: dict[tuple, tuple] = _SEEN) -> tuple | None:
     """The remembered entry for ``k``, if its process set is still the registered one with the same comm."""
-    entry = _SEEN.get(k)
+    entry = table.get(k)
     if entry is None:
         return None
     ps = entry[0]
     if (not state.initialized or state.failed is not None or ps.comm is not entry[1]
             or state.process_sets.get(ps.process_set_id) is not ps):
-        _SEEN.pop(k, None)  # another thread may have dropped it already
+        table.pop(k, None)  # another thread may have dropped it already
         return None
     return entry
+
+
+def remember_async(k: tuple, ps: ProcessSet, sig: Signature, rop: ReduceOp, pre: float, post: float) -> None:
+    """Keep a checked named async allreduce's values (see ``async_ops``)."""
+    if len(ASYNC) >= _LIMIT:
+        ASYNC.clear()
+    ASYNC[k] = (ps, ps.comm, sig, rop, pre, post)
 
 
 def remember(k: tuple, ps: ProcessSet, arr: np.ndarray, sig: Signature, rop: ReduceOp, pre: float,
