@@ -24,12 +24,12 @@ from .process_sets import ProcessSet
 from .scaling import finish_reduction
 from .state import state
 
-__all__ = ["call", "key", "lookup", "remember", "remember_async", "run", "ASYNC"]
+__all__ = ["call", "key", "lookup", "remember", "remember_async", "ASYNC"]
 
 _LIMIT = 4096  # entries; unbounded unique names or shapes must not grow memory
 
-# key -> (process set, its communicator then, signature, hash, op, prescale, postscale, one call possible?,
-#         MPI op, MPI datatype, MPI.IN_PLACE, finish?, result up to 4 KiB?, bytes, out of place by ring.py?,
+# key -> (process set, its communicator then, signature, hash, op, prescale, postscale, one MPI call?,
+#         MPI op, MPI datatype, MPI.IN_PLACE, finish?, result up to 4 KiB?, out of place by ring.py?,
 #         the agreement's buffers)
 _SEEN: dict[tuple, tuple] = {}
 # The same for named asynchronous allreduces of numpy arrays, whose checks and signature are reused the same
@@ -51,12 +51,48 @@ def key(inplace: bool, arr: np.ndarray, average: Any, name: Any, op: Any, pre: A
 def call(inplace: bool, arr: np.ndarray, average: Any, name: Any, op: Any, pre: Any, post: Any,
          process_set: Any) -> np.ndarray | None:
     """Run the call as a repeat of a remembered one; None when there is none (the caller checks, and
-    ``arr`` must be a C-contiguous numpy array, writeable for in place)."""
-    entry = lookup(key(inplace, arr, average, name, op, pre, post, process_set))
+    ``arr`` must be a C-contiguous numpy array, writeable for in place).
+
+    :func:`lookup` and the agreement-and-reduction of a repeat are written out here rather than called: right
+    after a 1-4 MiB transfer has left the caches cold, each Python frame between two calls cost ~1 % of the
+    call's time at two ranks (README, issue 15).
+    """
+    k = key(inplace, arr, average, name, op, pre, post, process_set)
+    entry = _SEEN.get(k)
     if entry is None:
         return None
+    ps, comm, sig, h, rop, pre, post, whole, mop, dt, in_place, finish, tiny, by_ring, bufs = entry
+    if (state.failed is not None or ps.comm is not comm or not state.initialized
+            or state.process_sets.get(ps.process_set_id) is not ps):
+        _SEEN.pop(k, None)  # as lookup() does
+        return None
     try:
-        return run(entry, arr, arr if inplace else None)
+        if inplace:
+            out = arr
+        else:  # mpi_ops.result_buffer's choice, made once: a plain np.empty up to 4 KiB
+            out = np.empty(arr.shape, arr.dtype) if tiny else mpi_ops.result_buffer(arr.shape, arr.dtype)
+        if config.get("HORO_STALL_SHUTDOWN_TIME_SECONDS", 0.0) > 0:  # watchdog.enabled(): the guarded forms
+            agree(comm, sig, ranks=ps.ranks, h=h)
+            return mpi_ops.allreduce_into(comm, arr, out, rop, pre, post)
+        agree_prepared(comm, bufs, sig, h, ps.ranks)
+        # mpi_ops._hier_on, unrolled: a set thread-local (an engine round's tuned choice) takes the general path
+        if not whole or config.get("HORO_HIERARCHICAL_ALLREDUCE") or mpi_ops._HIER_LOCAL.value is not None:
+            return mpi_ops.allreduce_into(comm, arr, out, rop, pre, post)
+        # What mpi_ops.allreduce_into does for an array it reduces in one MPI call, without its dispatch.
+        mark = watchdog.enter_mpi()  # as its guard would: across hosts the engine polls slowly beside it
+        try:
+            if inplace:
+                comm.Allreduce(in_place, [out, dt], op=mop)
+            elif by_ring:
+                ring.allreduce(comm, arr, out, rop, dt, in_place)
+            else:
+                comm.Allreduce([arr, dt], [out, dt], op=mop)
+        finally:
+            if mark is not None:
+                watchdog.leave_mpi(mark)
+        if finish:
+            finish_reduction(np, out, rop, comm.Get_size(), post)
+        return out
     except Exception as exc:  # outside the collectives' guard decorator: translate as it would
         raise_failure(exc, "horo.allreduce_" if inplace else "horo.allreduce")
         raise
@@ -87,42 +123,16 @@ def remember(k: tuple, ps: ProcessSet, arr: np.ndarray, sig: Signature, rop: Red
     """Keep a checked call's values (after its checks passed, before its agreement)."""
     if len(_SEEN) >= _LIMIT:
         _SEEN.clear()
-    one_call = pre == 1.0 and not mpi_ops.needs_upcast(arr.dtype) and rop is not Adasum
+    # One MPI call, as mpi_ops.allreduce_into would make for it. The chunk size is fixed by init(), before any
+    # call is remembered, and equal on every rank (config.share).
+    whole = (pre == 1.0 and not mpi_ops.needs_upcast(arr.dtype) and rop is not Adasum
+             and (arr.nbytes <= mpi_ops._ONE_CALL_BYTES or arr.nbytes <= 8 * config["HORO_CHUNK_BYTES"]))
     mpi_ops._load()
     mpi = mpi_ops.MPI
     h = sig_hash(sig)
-    _SEEN[k] = (ps, ps.comm, sig, h, rop, pre, post, one_call,
-                mpi_ops._mpi_op(rop, arr.dtype) if one_call else None, mpi_ops._DATATYPES.get(arr.dtype),
-                mpi.IN_PLACE, rop is Average or post != 1.0, arr.nbytes <= mpi_ops._SMALL_BYTES, arr.nbytes,
+    _SEEN[k] = (ps, ps.comm, sig, h, rop, pre, post, whole,
+                mpi_ops._mpi_op(rop, arr.dtype) if whole else None, mpi_ops._DATATYPES.get(arr.dtype),
+                mpi.IN_PLACE, rop is Average or post != 1.0, arr.nbytes <= mpi_ops._SMALL_BYTES,
                 # init() fixed the threshold; a new world (elastic) drops the entry with its communicator
                 ring.usable(ps.comm.Get_size(), arr.nbytes, arr.dtype, rop, config["HORO_RING_MIN_BYTES"]),
                 prepared(ps.comm, h))
-
-
-def run(entry: tuple, send: np.ndarray, out: np.ndarray | None) -> np.ndarray:
-    """Agree, then reduce ``send`` into ``out`` (the same array for in place; None: a new result)."""
-    ps, comm, sig, h, rop, pre, post, one_call, mop, dt, in_place, finish, tiny, nbytes, by_ring, bufs = entry
-    if out is None:  # mpi_ops.result_buffer's choice, made once: a plain np.empty up to 4 KiB
-        out = np.empty(send.shape, send.dtype) if tiny else mpi_ops.result_buffer(send.shape, send.dtype)
-    if watchdog.enabled():  # its guarded agreement, and the guarded reduction of allreduce_into
-        agree(comm, sig, ranks=ps.ranks, h=h)
-        return mpi_ops.allreduce_into(comm, send, out, rop, pre, post)
-    agree_prepared(comm, bufs, sig, h, ps.ranks)
-    if (one_call and (nbytes <= mpi_ops._ONE_CALL_BYTES or nbytes <= 8 * config["HORO_CHUNK_BYTES"])
-            and not mpi_ops._hier_on("HORO_HIERARCHICAL_ALLREDUCE")):
-        # What mpi_ops.allreduce_into does for an array it reduces in one MPI call, without its dispatch.
-        mark = watchdog.enter_mpi()  # as its guard would: across hosts the engine polls slowly beside it
-        try:
-            if send is out:
-                comm.Allreduce(in_place, [out, dt], op=mop)
-            elif by_ring:
-                ring.allreduce(comm, send, out, rop, dt, in_place)
-            else:
-                comm.Allreduce([send, dt], [out, dt], op=mop)
-        finally:
-            if mark is not None:
-                watchdog.leave_mpi(mark)
-        if finish:
-            finish_reduction(np, out, rop, comm.Get_size(), post)
-        return out
-    return mpi_ops.allreduce_into(comm, send, out, rop, pre, post)
