@@ -219,3 +219,138 @@ def test_a_remembered_async_call_still_raises_a_mismatch_on_every_rank(hvd, worl
     agree(_check)
     out = _twice(lambda: hvd.synchronize(hvd.allreduce_async(x, op=hvd.Sum, name="repeat.async.after")))
     agree(np.testing.assert_array_equal, out, np.full(3, world, dtype=np.float32))
+
+
+# ---------------------------------------------------------------- one call or pieces, the first rank's choice
+class _Scripted:
+    """Stands in for a remembered call's pieces.Chooser: proposes the given forms, keeps what was run."""
+
+    def __init__(self, lead, forms):
+        self.lead, self.forms, self.ran = lead, list(forms), []
+
+    def propose(self):
+        return self.forms.pop(0) if self.lead else 0
+
+    def record(self, form, seconds):
+        if self.lead:
+            self.ran.append(form)
+
+
+@pytest.fixture
+def small_chunks():
+    """128 KiB pieces on every rank, so that a 2 MiB array lies in the chosen window (8-32 pieces); no call
+    remembered before or after (entries keep the decisions made with the chunk size of their time)."""
+    from horo.core import repeat
+    from horo.core.config import config
+
+    before = config["HORO_CHUNK_BYTES"]
+    config["HORO_CHUNK_BYTES"] = float(128 << 10)
+    repeat._SEEN.clear()
+    yield
+    repeat._SEEN.clear()
+    config["HORO_CHUNK_BYTES"] = before
+
+
+def _script(inplace, arr, forms):
+    """Make ``arr``'s remembered call (made once first) propose ``forms`` on the first rank."""
+    from horo.core import repeat
+
+    k = repeat.key(inplace, arr, None, None, _SUM[0], 1.0, 1.0, None)
+    entry = repeat._SEEN[k]
+    assert entry[-1] is not None, "a 2 MiB array with 128 KiB pieces should be chosen at run time"
+    fake = _Scripted(entry[1].Get_rank() == 0, forms)
+    repeat._SEEN[k] = entry[:-1] + (fake,)
+    return fake
+
+
+_SUM: list = []
+
+
+@pytest.mark.usefixtures("small_chunks")
+def test_a_chosen_form_gives_exact_results_on_every_rank(hvd, world, rank):
+    """The first rank switches between one call and pieces every call; every rank follows it."""
+    from horo.core.pieces import PIECES, WHOLE
+
+    _SUM[:] = [hvd.Sum]
+    n = (2 << 20) // 8
+    base = np.arange(n, dtype=np.int64)
+    total = base * world + sum(range(world))
+    forms = [WHOLE, PIECES, WHOLE, WHOLE, PIECES, PIECES]
+    buf = base + rank
+    hvd.allreduce_(buf, op=hvd.Sum)  # remembered
+    fake = _script(True, buf, forms)
+    sent = base + rank
+    hvd.allreduce(sent, op=hvd.Sum)
+    fake_oop = _script(False, sent, forms)
+    results = []
+    for _ in forms:
+        buf[...] = base + rank
+        results.append((hvd.allreduce_(buf, op=hvd.Sum).copy(), hvd.allreduce(sent, op=hvd.Sum)))
+
+    def _check():
+        for i, (back, out) in enumerate(results):
+            np.testing.assert_array_equal(back, total, err_msg=f"in place, call {i}")
+            np.testing.assert_array_equal(out, total, err_msg=f"out of place, call {i}")
+        np.testing.assert_array_equal(sent, base + rank)
+        if rank == 0:
+            assert fake.ran == forms and fake_oop.ran == forms, (fake.ran, fake_oop.ran)
+
+    agree(_check)
+
+
+@pytest.mark.usefixtures("small_chunks", "multi")
+def test_a_rank_off_the_repeat_path_makes_every_rank_run_pieces(hvd, world, rank):
+    """The last rank forgets its remembered call before each one (as after an eviction): its general path
+    cannot read the first rank's choice, so every rank runs the default form, pieces."""
+    from horo.core import repeat
+    from horo.core.pieces import PIECES, WHOLE
+
+    _SUM[:] = [hvd.Sum]
+    n = (2 << 20) // 8
+    buf = np.full(n, rank, dtype=np.int64)
+    hvd.allreduce_(buf, op=hvd.Sum)
+    fake = _script(True, buf, [WHOLE] * 3)
+    results = []
+    for _ in range(3):
+        if rank == world - 1:
+            repeat._SEEN.clear()
+        buf[...] = rank
+        results.append(hvd.allreduce_(buf, op=hvd.Sum).copy())
+
+    def _check():
+        for back in results:
+            np.testing.assert_array_equal(back, np.full(n, sum(range(world)), dtype=np.int64))
+        if rank == 0:
+            assert fake.ran == [PIECES] * 3, fake.ran
+
+    agree(_check)
+
+
+@pytest.mark.usefixtures("small_chunks", "multi")
+def test_a_joined_rank_makes_every_rank_run_pieces(hvd, world, rank):
+    """While the last rank is inside join() (it contributes zeros, in pieces), the others' repeat calls run
+    pieces whatever the first rank proposes."""
+    from horo.core.pieces import PIECES, WHOLE
+
+    _SUM[:] = [hvd.Sum]
+    n = (2 << 20) // 8
+    buf = np.full(n, rank + 1, dtype=np.int64)
+    hvd.allreduce_(buf, op=hvd.Sum)
+    results = []
+    fake = None
+    if rank == world - 1:
+        hvd.join()
+    else:
+        fake = _script(True, buf, [WHOLE] * 2)
+        for _ in range(2):
+            buf[...] = rank + 1
+            results.append(hvd.allreduce_(buf, op=hvd.Sum).copy())
+        hvd.join()
+
+    def _check():
+        for back in results:
+            np.testing.assert_array_equal(back, np.full(n, sum(r + 1 for r in range(world - 1)), dtype=np.int64))
+        if rank == 0:
+            assert fake.ran == [PIECES] * 2, fake.ran
+
+    agree(_check)

@@ -105,7 +105,7 @@ def time_interleaved(comm: Any, variants: dict[str, Callable[[], Any]], iters: i
         repeats: samples per variant (at least).
         warmup: untimed calls per variant before the first repeat.
         min_time: seconds of timed calls per variant to reach, by taking more repeats (up to
-            ``max_repeats``), judged from the slowest rank's last warm-up call. On this 2-vCPU machine 11
+            ``max_repeats``), judged from one more warm call of each variant. On this 2-vCPU machine 11
             samples of 3 calls at 1 MiB left two identical variants 0.92-1.08x apart, 151 samples 0.98-1.01x
             (README, "Session 18").
         max_repeats: the cap on repeats that ``min_time`` may ask for.
@@ -117,14 +117,15 @@ def time_interleaved(comm: Any, variants: dict[str, Callable[[], Any]], iters: i
         for _ in range(warmup):
             variants[name]()
     if min_time > 0:
-        slowest = 0.0
+        # The quickest variant's warm call, the largest over the ranks (every rank must take the same number of
+        # samples): one slow outlier must not cut the samples short.
+        quickest = float("inf")
         for name in names:
             t0 = time.perf_counter()
             variants[name]()
-            slowest = max(slowest, time.perf_counter() - t0)
-        # Every rank must run the same number of samples: agree on the slowest rank's estimate.
-        slowest = comm.allreduce(slowest, op=MPI.MAX)
-        repeats = max(repeats, min(max_repeats, int(min_time / max(iters * slowest, 1e-9)) + 1))
+            quickest = min(quickest, time.perf_counter() - t0)
+        quickest = comm.allreduce(quickest, op=MPI.MAX)
+        repeats = max(repeats, min(max_repeats, int(min_time / max(iters * quickest, 1e-9)) + 1))
     samples = np.zeros((len(names), repeats), dtype=np.float64)
     for rep in range(repeats):
         k = rep % len(names)

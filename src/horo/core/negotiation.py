@@ -20,7 +20,7 @@ from .ops import Average, Sum
 from .watchdog import guarded
 
 __all__ = ["Signature", "JOIN", "BLOCKED", "agree", "agree_reduce", "exchange", "format_mismatch", "joinable",
-           "sig_hash", "agree_prepared", "prepared"]
+           "sig_hash", "agree_prepared", "prepared", "agree_choice", "MARK"]
 
 Signature = tuple  # tuple of (field, value) pairs, hashable and picklable
 
@@ -116,11 +116,15 @@ def _gather(comm: Any, send_spec: list[Any], recv_spec: list[Any]) -> None:
         BLOCKED.comm = None
 
 
-def prepared(comm: Any, h: int) -> tuple[list[Any], list[Any], np.ndarray, bytes]:
-    """The buffers of :func:`agree_prepared` for one signature hash on ``comm``, made once per repeat entry."""
+MARK = 2  # payload bit: this rank takes the first rank's choice of form (agree_choice)
+
+
+def prepared(comm: Any, h: int, payload: int = 0) -> tuple[list[Any], list[Any], np.ndarray, bytes]:
+    """The buffers of :func:`agree_prepared` (or, with ``payload=MARK``, :func:`agree_choice`) for one signature
+    hash on ``comm``, made once per repeat entry."""
     from mpi4py import MPI
 
-    send = np.array([h, 0], dtype=np.int64)
+    send = np.array([h, payload], dtype=np.int64)
     recv = np.empty(2 * comm.Get_size(), dtype=np.int64)
     return [send, MPI.INT64_T], [recv, MPI.INT64_T], recv, np.tile(send, comm.Get_size()).tobytes()
 
@@ -139,6 +143,28 @@ def agree_prepared(comm: Any, bufs: tuple[list[Any], list[Any], np.ndarray, byte
         hashes = recv.tolist()[0::2]
         if hashes.count(h) != len(hashes):
             _disagree(comm.allgather(sig), ranks)
+
+
+def agree_choice(comm: Any, bufs: tuple[list[Any], list[Any], np.ndarray, bytes], sig: Signature, h: int,
+                 ranks: list[int] | None, choice: int) -> int:
+    """:func:`agree_prepared` that also carries the first rank's ``choice`` (see pieces.py).
+
+    Returns:
+        The first rank's choice when every rank sent ``MARK`` (each takes it), else 0: some rank runs a path
+        that does not read it (a first call, or ``join()``), and 0 is the form that path runs.
+    """
+    send_spec, recv_spec, recv, expected = bufs
+    send_spec[0][1] = MARK | choice
+    _gather(comm, send_spec, recv_spec)
+    if recv.tobytes() == expected:  # all marked, the first rank's choice 0
+        return 0
+    values = recv.tolist()
+    hashes, payloads = values[0::2], values[1::2]
+    if hashes.count(h) != len(hashes):
+        _disagree(comm.allgather(sig), ranks)  # returns when the others are joined ranks, which run form 0
+    if all(p & MARK for p in payloads):
+        return payloads[0] & ~MARK
+    return 0
 
 
 def joinable(sig: Signature) -> bool:

@@ -11,15 +11,17 @@ this rank's own work is skipped. At two ranks the added latency of a 64 B call f
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import numpy as np
 
-from . import mpi_ops, ring, watchdog
+from . import mpi_ops, pieces, ring, watchdog
 from .config import config
 from .fault import raise_failure
-from .negotiation import Signature, agree, agree_prepared, prepared, sig_hash
+from .negotiation import MARK, Signature, agree, agree_choice, agree_prepared, prepared, sig_hash
 from .ops import Adasum, Average, ReduceOp
+from .pieces import PIECES, WHOLE
 from .process_sets import ProcessSet
 from .scaling import finish_reduction
 from .state import state
@@ -30,7 +32,7 @@ _LIMIT = 4096  # entries; unbounded unique names or shapes must not grow memory
 
 # key -> (process set, its communicator then, signature, hash, op, prescale, postscale, one MPI call?,
 #         MPI op, MPI datatype, MPI.IN_PLACE, finish?, result up to 4 KiB?, out of place by ring.py?,
-#         the agreement's buffers)
+#         the agreement's buffers, pieces.Chooser when the first rank chooses between one call and pieces)
 _SEEN: dict[tuple, tuple] = {}
 # The same for named asynchronous allreduces of numpy arrays, whose checks and signature are reused the same
 # way (the engine still negotiates every one): key -> (process set, its communicator then, signature, op,
@@ -61,7 +63,7 @@ def call(inplace: bool, arr: np.ndarray, average: Any, name: Any, op: Any, pre: 
     entry = _SEEN.get(k)
     if entry is None:
         return None
-    ps, comm, sig, h, rop, pre, post, whole, mop, dt, in_place, finish, tiny, by_ring, bufs = entry
+    ps, comm, sig, h, rop, pre, post, whole, mop, dt, in_place, finish, tiny, by_ring, bufs, pick = entry
     if (state.failed is not None or ps.comm is not comm or not state.initialized
             or state.process_sets.get(ps.process_set_id) is not ps):
         _SEEN.pop(k, None)  # as lookup() does
@@ -74,10 +76,17 @@ def call(inplace: bool, arr: np.ndarray, average: Any, name: Any, op: Any, pre: 
         if config.get("HORO_STALL_SHUTDOWN_TIME_SECONDS", 0.0) > 0:  # watchdog.enabled(): the guarded forms
             agree(comm, sig, ranks=ps.ranks, h=h)
             return mpi_ops.allreduce_into(comm, arr, out, rop, pre, post)
-        agree_prepared(comm, bufs, sig, h, ps.ranks)
+        if pick is None:
+            agree_prepared(comm, bufs, sig, h, ps.ranks)
+        else:  # one call or pieces, as the first rank chose (pieces.py)
+            whole = agree_choice(comm, bufs, sig, h, ps.ranks, pick.propose()) == WHOLE
+            t0 = time.perf_counter()
         # mpi_ops._hier_on, unrolled: a set thread-local (an engine round's tuned choice) takes the general path
         if not whole or config.get("HORO_HIERARCHICAL_ALLREDUCE") or mpi_ops._HIER_LOCAL.value is not None:
-            return mpi_ops.allreduce_into(comm, arr, out, rop, pre, post)
+            mpi_ops.allreduce_into(comm, arr, out, rop, pre, post)
+            if pick is not None:
+                pick.record(PIECES, time.perf_counter() - t0)
+            return out
         # What mpi_ops.allreduce_into does for an array it reduces in one MPI call, without its dispatch.
         mark = watchdog.enter_mpi()  # as its guard would: across hosts the engine polls slowly beside it
         try:
@@ -92,6 +101,8 @@ def call(inplace: bool, arr: np.ndarray, average: Any, name: Any, op: Any, pre: 
                 watchdog.leave_mpi(mark)
         if finish:
             finish_reduction(np, out, rop, comm.Get_size(), post)
+        if pick is not None:
+            pick.record(WHOLE, time.perf_counter() - t0)
         return out
     except Exception as exc:  # outside the collectives' guard decorator: translate as it would
         raise_failure(exc, "horo.allreduce_" if inplace else "horo.allreduce")
@@ -125,14 +136,18 @@ def remember(k: tuple, ps: ProcessSet, arr: np.ndarray, sig: Signature, rop: Red
         _SEEN.clear()
     # One MPI call, as mpi_ops.allreduce_into would make for it. The chunk size is fixed by init(), before any
     # call is remembered, and equal on every rank (config.share).
-    whole = (pre == 1.0 and not mpi_ops.needs_upcast(arr.dtype) and rop is not Adasum
-             and (arr.nbytes <= mpi_ops._ONE_CALL_BYTES or arr.nbytes <= 8 * config["HORO_CHUNK_BYTES"]))
+    plain = pre == 1.0 and not mpi_ops.needs_upcast(arr.dtype) and rop is not Adasum
+    chunk = config.int("HORO_CHUNK_BYTES")
+    whole = plain and (arr.nbytes <= mpi_ops._ONE_CALL_BYTES or arr.nbytes <= 8 * chunk)
+    # Between the sizes that always went faster in one call and those that always went faster in pieces, the
+    # first rank measures both (pieces.py).
+    pick = pieces.Chooser(ps.comm.Get_rank() == 0) if plain and pieces.in_window(arr.nbytes, chunk) else None
     mpi_ops._load()
     mpi = mpi_ops.MPI
     h = sig_hash(sig)
     _SEEN[k] = (ps, ps.comm, sig, h, rop, pre, post, whole,
-                mpi_ops._mpi_op(rop, arr.dtype) if whole else None, mpi_ops._DATATYPES.get(arr.dtype),
+                mpi_ops._mpi_op(rop, arr.dtype) if whole or pick else None, mpi_ops._DATATYPES.get(arr.dtype),
                 mpi.IN_PLACE, rop is Average or post != 1.0, arr.nbytes <= mpi_ops._SMALL_BYTES,
                 # init() fixed the threshold; a new world (elastic) drops the entry with its communicator
                 ring.usable(ps.comm.Get_size(), arr.nbytes, arr.dtype, rop, config["HORO_RING_MIN_BYTES"]),
-                prepared(ps.comm, h))
+                prepared(ps.comm, h, MARK if pick else 0), pick)
