@@ -65,7 +65,7 @@ def _allreduce_async(inplace: bool, tensor: Any, average: Any, name: Any, op: An
     ps, x, rop, pre, post = allreduce_args(inplace, tensor, average, op, prescale_factor, postscale_factor,
                                            process_set, what)
     name = name_arg(name, what) or auto_name("allreduce")
-    sig = allreduce_sig(x, name, rop, pre, post)
+    sig = allreduce_sig(x, name, rop, pre, post, inplace)
     handle = submit(ps.engine, backends.of(x).allreduce_request(ps, name, sig, tensor, x, rop, pre, post, inplace,
                                                                   what))
     if k is not None and x is tensor:  # what host.allreduce_request makes of it, the fast path above makes too
@@ -97,7 +97,7 @@ def _grouped_allreduce_async(inplace: bool, tensors: Sequence[Any], average: Any
     ps, xs, rop, pre, post = grouped_args(inplace, tensors, average, op, prescale_factor, postscale_factor,
                                           process_set, what)
     name = name_arg(name, what) or auto_name("grouped_allreduce")
-    sig = grouped_sig(xs, name, rop, pre, post)
+    sig = grouped_sig(xs, name, rop, pre, post, inplace)
     return submit(ps.engine, backends.of(xs[0]).grouped_allreduce_request(ps, name, sig, tensors, xs, rop, pre, post,
                                                                           inplace, what))
 

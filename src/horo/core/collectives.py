@@ -83,7 +83,7 @@ def _checked_allreduce(inplace: bool, tensor: Any, average: Any, name: Any, op: 
     what = "horo.allreduce_" if inplace else "horo.allreduce"
     ps, x, rop, pre, post = allreduce_args(inplace, tensor, average, op, prescale_factor, postscale_factor,
                                            process_set, what)
-    sig = allreduce_sig(x, name_arg(name, what), rop, pre, post)
+    sig = allreduce_sig(x, name_arg(name, what), rop, pre, post, inplace)
     if tensor.__class__ is np.ndarray and x.flags.c_contiguous:  # type: ignore[union-attr]
         # A call the repeat path can look up later is remembered before it agrees.
         repeat.remember(repeat.key(inplace, x, average, name, op, prescale_factor, postscale_factor, process_set),
@@ -115,7 +115,7 @@ def _grouped_allreduce(inplace: bool, tensors: Sequence[Any], average: Any, name
                                           process_set, what)
     if not xs:
         return []
-    joined = agree_reduce(ps.comm, grouped_sig(xs, name_arg(name, what), rop, pre, post), ranks=ps.ranks)
+    joined = agree_reduce(ps.comm, grouped_sig(xs, name_arg(name, what), rop, pre, post, inplace), ranks=ps.ranks)
     return backends.of(xs[0]).grouped_allreduce(ps, tensors, xs, rop, pre, post, inplace, joined, what)
 
 
@@ -235,14 +235,16 @@ def join() -> int:
 
 
 def _contribute_zeros(comm: Any, fields: dict[str, Any]) -> None:
+    """A joined rank's part in the others' allreduce, in their form (in place or not: signatures.py)."""
     op = fields["op"]
     pre, post = fields["prescale_factor"], fields["postscale_factor"]
+    in_place = bool(fields.get("in_place"))
     if fields["collective"] == "allreduce":
         zeros = np.zeros(fields["shape"], dtype=fields["dtype"])
-        mpi_ops.allreduce_into(comm, zeros, zeros, op, pre, post)
+        mpi_ops.allreduce_into(comm, zeros, zeros if in_place else np.zeros_like(zeros), op, pre, post)
     else:
         arrs = [np.zeros(s, dtype=d) for s, d in zip(fields["shapes"], fields["dtypes"])]
-        reduce_group(comm, arrs, op, pre, post)
+        reduce_group(comm, arrs, op, pre, post, outs=arrs if in_place else None)
 
 
 @guard

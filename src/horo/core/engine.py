@@ -678,15 +678,16 @@ class Engine:
             from .backends.gpu import joined_zeros_run
 
             return Request(name, sig, joined_zeros_run(f))
+        in_place = bool(f.get("in_place"))  # the others' form (signatures.py): out of place may go round the ring
         if f["collective"] == "allreduce":
             z = np.zeros(f["shape"], dtype=f["dtype"])
-            return Request(name, sig, send=z, out=z, op=f["op"], pre=f["prescale_factor"],
-                           post=f["postscale_factor"])
+            return Request(name, sig, send=z, out=z if in_place else np.zeros_like(z), op=f["op"],
+                           pre=f["prescale_factor"], post=f["postscale_factor"])
         from .backends.host import reduce_group
 
         arrs = [np.zeros(shape, dtype=d) for shape, d in zip(f["shapes"], f["dtypes"])]
         return Request(name, sig, lambda comm: reduce_group(comm, arrs, f["op"], f["prescale_factor"],
-                                                            f["postscale_factor"]))
+                                                            f["postscale_factor"], outs=arrs if in_place else None))
 
     def _execute(self, names: list[str]) -> list[tuple[str, str, int]]:
         """Run the ready names; returns (name, dtype, bytes) of each, for the autotuner's score."""

@@ -2,7 +2,10 @@
 
 A signature is a tuple of (field, value) pairs. A collective on GPU buffers carries one more field,
 :data:`DEVICE_FIELD`, so a rank passing a host array where the others pass GPU tensors gets a MismatchError
-on every rank instead of a hang (the two backends issue different calls).
+on every rank instead of a hang (the two backends issue different calls). An in-place allreduce carries
+:data:`IN_PLACE_FIELD` for the same reason: from ``HORO_RING_MIN_BYTES`` the out-of-place form goes round
+horo's ring (ring.py) while the in-place form makes MPI's call, and a joined rank reads the field to
+contribute its zeros in the others' form.
 """
 
 from __future__ import annotations
@@ -15,13 +18,16 @@ from .negotiation import Signature
 from .ops import ReduceOp
 
 __all__ = [
-    "DEVICE_FIELD", "allgather_sig", "allreduce_sig", "alltoall_sig", "broadcast_sig", "grouped_sig",
+    "DEVICE_FIELD", "IN_PLACE_FIELD", "allgather_sig", "allreduce_sig", "alltoall_sig", "broadcast_sig", "grouped_sig",
     "is_device_signature", "reducescatter_sig",
 ]
 
 #: Signature field that marks a collective on GPU buffers.
 DEVICE_FIELD = ("device", "cuda")
 _ON_DEVICE: Signature = (DEVICE_FIELD,)
+#: Signature field that marks an in-place (grouped) allreduce.
+IN_PLACE_FIELD = ("in_place", True)
+_IN_PLACE: Signature = (IN_PLACE_FIELD,)
 
 
 def _where(x: Any) -> Signature:
@@ -33,15 +39,19 @@ def is_device_signature(sig: Signature) -> bool:
     return DEVICE_FIELD in sig
 
 
-def allreduce_sig(x: Any, name: str | None, op: ReduceOp, pre: float, post: float) -> Signature:
+def allreduce_sig(x: Any, name: str | None, op: ReduceOp, pre: float, post: float,
+                  in_place: bool = False) -> Signature:
     return (("collective", "allreduce"), ("name", name), ("dtype", x.dtype), ("shape", x.shape),
-            ("op", op), ("prescale_factor", pre), ("postscale_factor", post)) + _where(x)
+            ("op", op), ("prescale_factor", pre), ("postscale_factor", post)) + _where(x) + (
+        _IN_PLACE if in_place else ())
 
 
-def grouped_sig(xs: Sequence[Any], name: str | None, op: ReduceOp, pre: float, post: float) -> Signature:
+def grouped_sig(xs: Sequence[Any], name: str | None, op: ReduceOp, pre: float, post: float,
+                in_place: bool = False) -> Signature:
     return (("collective", "grouped_allreduce"), ("name", name),
             ("dtypes", tuple(a.dtype for a in xs)), ("shapes", tuple(a.shape for a in xs)),
-            ("op", op), ("prescale_factor", pre), ("postscale_factor", post)) + _where(xs[0])
+            ("op", op), ("prescale_factor", pre), ("postscale_factor", post)) + _where(xs[0]) + (
+        _IN_PLACE if in_place else ())
 
 
 def allgather_sig(x: Any, name: str | None) -> Signature:
