@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from . import mpi_ops, watchdog
+from . import mpi_ops, pieces, watchdog
 from .autotune.settings import Knobs
 from .config import config
 from .errors import HoroError, HoroInternalError, MismatchError, StallError
@@ -187,6 +187,9 @@ class Engine:
         self.error: BaseException | None = None
         self.stuck_since: dict[tuple[int, int, int], float] = {}  # (rank, set id, seq) -> first seen stuck
         self._fusion: dict[np.dtype, np.ndarray] = {}
+        # One call or pieces for mid-size buffers (pieces.py): rank 0 chooses, in bit 0 of its header's time word.
+        self.pick = pieces.Chooser(self.me == 0)
+        self.whole = False  # this round's choice, read from rank 0's header on every rank
         self.recv = np.empty((self.n, 0), dtype=np.int64)  # the round's gathered headers
         # Rounds run one at a time, on the engine thread or on a caller waiting in synchronize() while the
         # engine thread is parked: that caller then needs no hand-off to the engine and back (two thread
@@ -456,11 +459,13 @@ class Engine:
             hdr = np.array(head, dtype=np.int64)
             memo = self.alone_memo[bit] = (words, hdr, head[_HDR:])
         hdr = memo[1]
-        hdr[1] = int(time.time() * 1e6)
+        hdr[1] = int(time.time() * 1e6) & ~1 | self.pick.propose()
         mine = memo[2]
-        for row in self._exchange(hdr, stirs).tolist():
+        rows = self._exchange(hdr, stirs).tolist()
+        for row in rows:
             if row[0] or row[_HDR:] != mine:
                 return False
+        self.whole = rows[0][1] & 1 == pieces.WHOLE
         if self.absent:
             self.absent = set()
         self.alone_rounds += 1
@@ -499,7 +504,8 @@ class Engine:
                  | (_STALLED if self.stall_flag else 0) | (_JOINED if self.joined else 0)
                  | (_LEAVING if state.leaving else 0) | _blocked_word()
                  | (_TUNED if tune and self.tuner is not None and self.tuner.done else 0))
-        head = [flags, int(time.time() * 1e6)]  # wall clock: comparable across nodes, enough for "who was late"
+        # Wall clock: comparable across nodes, enough for "who was late"; bit 0 is rank 0's choice (``pick``).
+        head = [flags, int(time.time() * 1e6) & ~1 | self.pick.propose()]
         if tune:
             k = self.tuner.current if self.tuner is not None else None
             head += ([self.tuner.seq, k.fusion_threshold, round(k.cycle_time_ms * 1000), k.chunk_bytes,
@@ -509,6 +515,7 @@ class Engine:
         recv = gathered if gathered is not None else self._exchange(np.array(head, dtype=np.int64), stirs)
         t_round = time.perf_counter()
         # Plain ints from here: a round runs per small op, and each numpy call on a tiny array costs ~1 µs.
+        self.whole = int(recv[0, 1]) & 1 == pieces.WHOLE
         flags = recv[:, 0].tolist()
         any_flag = 0
         for f in flags:
@@ -764,8 +771,7 @@ class Engine:
             if req.run is not None:
                 result = req.run(self.comm)
             else:
-                result = mpi_ops.allreduce_into(self.comm, req.send, req.out, req.op, req.pre, req.post,
-                                                chunk_bytes=self.chunk)
+                result = self._reduce(req.send, req.out, req.op, req.pre, req.post, None)
         except (HoroError, ValueError, TypeError) as exc:
             req.finish(error=exc)
             return
@@ -809,8 +815,7 @@ class Engine:
             off += r.send.size
         t1 = timeline.now_us()
         view = buf[:total]
-        mpi_ops.allreduce_into(self.comm, view, view, first.op, first.pre, first.post,
-                               segments=[r.send.size for r in batch], chunk_bytes=self.chunk)
+        self._reduce(view, view, first.op, first.pre, first.post, [r.send.size for r in batch])
         t2 = timeline.now_us()
         off = 0
         for r in batch:
@@ -823,6 +828,21 @@ class Engine:
                 timeline.span(r.name, "ALLREDUCE", t1, t2, fused=len(batch))
                 timeline.span(r.name, "MEMCPY_OUT_FUSION_BUFFER", t2, t3)
             r.finish(r.out)
+
+    def _reduce(self, send: np.ndarray, out: np.ndarray, op: ReduceOp, pre: float, post: float,
+                segments: list[int] | None) -> np.ndarray:
+        """``mpi_ops.allreduce_into`` in pieces of the engine's chunk size, or, for a buffer in pieces.py's window,
+        in the form rank 0 chose for this round (timed there)."""
+        nbytes = send.nbytes
+        if not pieces.in_window(nbytes, self.chunk):
+            return mpi_ops.allreduce_into(self.comm, send, out, op, pre, post, segments, chunk_bytes=self.chunk)
+        form = pieces.WHOLE if self.whole else pieces.PIECES
+        t0 = time.perf_counter()
+        # A chunk size of an eighth of the buffer or more makes allreduce_into reduce it in one call.
+        mpi_ops.allreduce_into(self.comm, send, out, op, pre, post, segments,
+                               chunk_bytes=-(-nbytes // 8) if self.whole else self.chunk)
+        self.pick.record(form, (time.perf_counter() - t0) / nbytes)
+        return out
 
     # ---- peers that left ---------------------------------------------------------------------------
     def _peers_left(self, flags: list[int], leaving: list[int], partial: dict[str, set[int]]) -> None:

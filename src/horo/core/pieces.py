@@ -46,16 +46,17 @@ class Chooser:
         """The form for this call (the first rank's counts)."""
         if not self.lead:
             return PIECES
-        self.calls += 1
         other = 1 - self.form
-        if self.est[self.form] and (not self.est[other] or self.calls % self.every == 0):
+        if self.est[self.form] and (not self.est[other] or (self.calls + 1) % self.every == 0):
             return other  # the other form: not measured yet, or not for a while
         return self.form
 
     def record(self, form: int, seconds: float) -> None:
-        """The time of the call just made in ``form`` (the first rank only)."""
+        """The time of the call just made in ``form`` (the first rank only; the engine passes seconds per byte,
+        its fused buffers differ in size)."""
         if not self.lead:
             return
+        self.calls += 1
         est = self.est
         if form != self.last or not est[form]:
             est[form] = seconds  # a try, or the first call after a switch: the old value is from another state
