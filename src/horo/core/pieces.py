@@ -19,9 +19,10 @@ __all__ = ["Chooser", "PIECES", "WHOLE", "in_window"]
 PIECES = 0  # the default form: what mpi_ops.allreduce_into does on its own
 WHOLE = 1  # one MPI call for the whole array
 
-_FIRST_EVERY = 8  # calls between two tries of the other form, after a switch
+_FIRST_EVERY = 4  # calls between two tries of the other form, after a switch (one may come from noise)
 _MOST_EVERY = 32  # ... at most, after tries that lost: a try of the slower form costs up to ~1.5x one call
 _WEIGHT = 0.3  # of a new time in the running estimate of the form in use
+_MARGIN = 1.1  # the form in use must be this much slower than the other's last time to switch without a try
 
 
 def in_window(nbytes: int, chunk: int) -> bool:
@@ -32,13 +33,13 @@ def in_window(nbytes: int, chunk: int) -> bool:
 class Chooser:
     """The first rank's running choice for one remembered call; the other ranks' proposal is ignored."""
 
-    __slots__ = ("lead", "form", "est", "calls", "every", "last")
+    __slots__ = ("lead", "form", "est", "since", "every", "last")
 
     def __init__(self, lead: bool) -> None:
         self.lead = lead
         self.form = PIECES  # the form in use
-        self.est = [0.0, 0.0]  # seconds per call, by form; 0: not measured yet
-        self.calls = 0
+        self.est = [0.0, 0.0]  # seconds per call (or per byte), by form; 0: not measured yet
+        self.since = 0  # calls since the last try or switch
         self.every = _FIRST_EVERY
         self.last = PIECES  # the form of the last call
 
@@ -47,7 +48,7 @@ class Chooser:
         if not self.lead:
             return PIECES
         other = 1 - self.form
-        if self.est[self.form] and (not self.est[other] or (self.calls + 1) % self.every == 0):
+        if self.est[self.form] and (not self.est[other] or self.since + 1 >= self.every):
             return other  # the other form: not measured yet, or not for a while
         return self.form
 
@@ -56,17 +57,20 @@ class Chooser:
         its fused buffers differ in size)."""
         if not self.lead:
             return
-        self.calls += 1
+        self.since += 1
         est = self.est
         if form != self.last or not est[form]:
             est[form] = seconds  # a try, or the first call after a switch: the old value is from another state
         else:
             est[form] += _WEIGHT * (seconds - est[form])
         self.last = form
+        other = 1 - form
         if form != self.form:  # a try of the other form
-            if seconds < est[self.form]:
+            self.since = 0
+            if seconds < est[other]:
                 self.form, self.every = form, _FIRST_EVERY
             else:
                 self.every = min(2 * self.every, _MOST_EVERY)
-        elif est[1 - form] and est[form] > est[1 - form]:
-            self.form, self.every = 1 - form, _FIRST_EVERY  # the form in use slowed down past the other's time
+        elif est[other] and est[form] > _MARGIN * est[other]:
+            # The form in use slowed down past the other's last time.
+            self.form, self.every, self.since = other, _FIRST_EVERY, 0
