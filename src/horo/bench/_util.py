@@ -90,6 +90,21 @@ class Timing:
     def medians(self) -> dict[str, float]:
         return {k: self.median(k) for k in self.samples}
 
+    def paired(self, name: str, *bases: str) -> float:
+        """Median over repeats of ``name``'s time / its base's in the same repeat (the quickest of ``bases``).
+
+        A repeat times every variant back to back, so a ratio within it compares them in one machine state.
+        On this 2-vCPU VM the state flips every few seconds (raw MPI at 1 MiB: ~105 µs or ~550 µs); the ratio
+        of two medians then moves with how many samples of each variant fell in each state, the paired
+        ratio does not (README, "Session 19").
+        """
+        rows = zip(self.samples[name], *(self.samples[b] for b in bases))
+        return statistics.median(t / min(base) for t, *base in rows)
+
+    def paired_delta(self, name: str, base: str) -> float:
+        """Median over repeats of ``name``'s time minus ``base``'s in the same repeat (seconds)."""
+        return statistics.median(t - b for t, b in zip(self.samples[name], self.samples[base]))
+
 
 def time_interleaved(comm: Any, variants: dict[str, Callable[[], Any]], iters: int, repeats: int,
                      warmup: int = 1, min_time: float = 0.0, max_repeats: int = 1001) -> Timing:

@@ -22,8 +22,10 @@ Each size takes at least ``--repeats`` samples per variant, and more until each 
 apart on this machine, more than the 5 % the targets allow (README, "Session 18").
 Time is the median (``--stat min``: minimum) over repeats of the slowest rank's mean per call;
 algbw = bytes / time and busbw = algbw * 2(n-1)/n (nccl-tests). ``base/x`` = baseline time / x time (> 1:
-x is faster than raw MPI); ``+µs`` = x - baseline. Targets: base/x >= 0.95 from 1 MiB up, +µs <= 30 up to
-64 KiB. ``spread`` = (max - min) / median of the repeats, a noise indicator.
+x is faster than raw MPI) and ``+µs`` = x - baseline are paired: the median over repeats of the two
+variants' times in the same repeat, so both are measured in one machine state (with ``--stat min``: from the
+minima). ``base/x med`` is the ratio of the two medians, shown beside it. Targets: base/x >= 0.95 from 1 MiB
+up, +µs <= 30 up to 64 KiB. ``spread`` = (max - min) / median of the repeats, a noise indicator.
 """
 
 from __future__ import annotations
@@ -166,8 +168,10 @@ def main(argv: list[str]) -> int:
               f"min-time={args.min_time:g} s per variant and size, stat={args.stat}")
         print(f"# {env_summary(n)}")
         print("# sample = the slowest rank's mean time per call over a few back-to-back calls; median/min over "
-              f"repeats; algbw, busbw (= algbw*2(n-1)/n), base/x and +µs use the {args.stat}; base/x > 1: x faster "
-              "than its raw baseline (horo vs raw, horo_ and async vs raw_)")
+              f"repeats; algbw and busbw (= algbw*2(n-1)/n) use the {args.stat}; base/x and +µs: "
+              + ("from the minima" if args.stat == "min" else "paired, the median over repeats of the two "
+                 "variants' times in one repeat; base/x med: the ratio of the medians")
+              + "; base/x > 1: x faster than its raw baseline (horo vs raw, horo_ and async vs raw_)")
         sys.stdout.flush()
 
     rows: list[list[str]] = []
@@ -195,13 +199,13 @@ def main(argv: list[str]) -> int:
             if name not in med:
                 continue
             t = med[name]
-            base = med.get(BASELINE.get(name, ""))
-            ratio = base / t if base else None
-            added = (t - base) * 1e6 if base else None
+            b_ = BASELINE.get(name, "")
+            ratio, added = _versus(timing, name, b_, args.stat) if b_ in med else (None, None)
             rows.append([fmt_size(real_bytes), name, fmt_f(timing.median(name) * 1e6),
                          fmt_f(min(timing.samples[name]) * 1e6),
                          fmt_f(algbw(real_bytes, t), 3),
-                         fmt_f(busbw(real_bytes, t, n), 3), fmt_f(ratio, 2), fmt_f(added),
+                         fmt_f(busbw(real_bytes, t, n), 3), fmt_f(ratio, 2),
+                         fmt_f(med[b_] / t if b_ in med else None, 2), fmt_f(added),
                          f"{timing.spread(name) * 100:.0f}%"])
         results.append({"bytes": real_bytes, "count": count, "iters": iters, "samples_s": timing.samples})
         if rank == 0:  # progress on stderr so a slow run is visibly alive
@@ -210,8 +214,8 @@ def main(argv: list[str]) -> int:
 
     if rank == 0:
         print()
-        print(md_table(["size", "variant", "median µs", "min µs", "algbw GB/s", "busbw GB/s", "base/x", "+µs",
-                        "spread"], rows, align="llrrrrrrr"))
+        print(md_table(["size", "variant", "median µs", "min µs", "algbw GB/s", "busbw GB/s", "base/x",
+                        "base/x med", "+µs", "spread"], rows, align="llrrrrrrrr"))
         print()
         _summary(results, args.stat)
         if args.json:
@@ -226,19 +230,29 @@ def main(argv: list[str]) -> int:
     return 0
 
 
+def _versus(timing: Timing, name: str, base: str, stat: str) -> tuple[float, float]:
+    """(base/x, x - base in µs): paired within repeats, or from the minima with ``stat="min"``."""
+    if stat == "min":
+        t, b = timing.stat(name, "min"), timing.stat(base, "min")
+        return b / t, (t - b) * 1e6
+    return 1.0 / timing.paired(name, base), timing.paired_delta(name, base) * 1e6
+
+
 def _summary(results: list[dict[str, Any]], stat: str) -> None:
     def med(r: dict[str, Any], k: str) -> float | None:
         s = r["samples_s"].get(k)
         return Timing({k: s}).stat(k, stat) if s else None
+
+    def vs(r: dict[str, Any], k: str) -> tuple[float, float]:
+        return _versus(Timing(r["samples_s"]), k, BASELINE[k], stat)
 
     if not results or med(results[0], "raw") is None:
         print("no raw MPI baseline for this dtype: targets not checked")
         return
     for name, label in (("horo", "horo.allreduce"), ("horo_", "horo.allreduce_"), ("async", "async engine")):
         b_ = BASELINE[name]
-        big = [(r["bytes"], med(r, b_) / med(r, name)) for r in results if r["bytes"] >= RATIO_FROM]
-        small = [(r["bytes"], (med(r, name) - med(r, b_)) * 1e6) for r in results
-                 if r["bytes"] <= SMALL_UP_TO]
+        big = [(r["bytes"], vs(r, name)[0]) for r in results if r["bytes"] >= RATIO_FROM]
+        small = [(r["bytes"], vs(r, name)[1]) for r in results if r["bytes"] <= SMALL_UP_TO]
         parts = []
         if big:
             b, worst = min(big, key=lambda x: x[1])
@@ -251,7 +265,7 @@ def _summary(results: list[dict[str, Any]], stat: str) -> None:
             parts.append(f"max added latency up to 64 KiB = {worst:.1f} µs at {fmt_size(b)} "
                          f"(target <= {LATENCY_TARGET_US:.0f} µs) {ok}")
         if name in ("horo", "horo_"):
-            at64 = [(med(r, name) - med(r, b_)) * 1e6 for r in results if r["bytes"] == 64]
+            at64 = [vs(r, name)[1] for r in results if r["bytes"] == 64]
             if at64:
                 ok = "PASS" if at64[0] <= SYNC_64B_TARGET_US else "FAIL"
                 parts.append(f"added at 64 B = {at64[0]:.1f} µs (target <= {SYNC_64B_TARGET_US:.0f} µs) {ok}")
