@@ -16,21 +16,16 @@ N = (1 << 20) // 4  # 1 MiB of float32: above the ring's threshold
 
 
 def _calls(hvd, inplace):
+    """Each form's call, in place (the ``_``-suffixed function) or out of place."""
     x = np.ones(N, dtype=np.float32)
-    if inplace:
-        return {
-            "allreduce": lambda: hvd.allreduce_(x, op=hvd.Sum, name="forms.a"),
-            "grouped_allreduce": lambda: hvd.grouped_allreduce_([x], op=hvd.Sum, name="forms.g"),
-            "allreduce_async": lambda: hvd.synchronize(hvd.allreduce_async_(x, op=hvd.Sum, name="forms.aa")),
-            "grouped_allreduce_async": lambda: hvd.synchronize(
-                hvd.grouped_allreduce_async_([x], op=hvd.Sum, name="forms.ga")),
-        }
+    fn = {k: getattr(hvd, k + "_" if inplace else k)
+          for k in ("allreduce", "grouped_allreduce", "allreduce_async", "grouped_allreduce_async")}
     return {
-        "allreduce": lambda: hvd.allreduce(x, op=hvd.Sum, name="forms.a"),
-        "grouped_allreduce": lambda: hvd.grouped_allreduce([x], op=hvd.Sum, name="forms.g"),
-        "allreduce_async": lambda: hvd.synchronize(hvd.allreduce_async(x, op=hvd.Sum, name="forms.aa")),
+        "allreduce": lambda: fn["allreduce"](x, op=hvd.Sum, name="forms.a"),
+        "grouped_allreduce": lambda: fn["grouped_allreduce"]([x], op=hvd.Sum, name="forms.g"),
+        "allreduce_async": lambda: hvd.synchronize(fn["allreduce_async"](x, op=hvd.Sum, name="forms.aa")),
         "grouped_allreduce_async": lambda: hvd.synchronize(
-            hvd.grouped_allreduce_async([x], op=hvd.Sum, name="forms.ga")),
+            fn["grouped_allreduce_async"]([x], op=hvd.Sum, name="forms.ga")),
     }
 
 
