@@ -22,3 +22,11 @@ def test_paired_ratio_against_the_quickest_of_several_bases() -> None:
     t = Timing({"x": [11.0, 12.0, 13.0], "a": [10.0, 20.0, 10.0], "b": [20.0, 10.0, 20.0]})
     assert t.paired("x", "a", "b") == pytest.approx(1.2)
     assert t.paired("x", "a") == pytest.approx(1.1)
+
+
+def test_keras_bench_refuses_zero_rounds_before_starting_anything(capsys: pytest.CaptureFixture[str]) -> None:
+    from horo.bench import keras as bench
+
+    assert bench.main(["--rounds", "0"]) == 2
+    err = capsys.readouterr().err
+    assert "Received: --rounds=0" in err and "HINT:" in err, err

@@ -21,8 +21,8 @@ same per-rank batch at every size, one compute thread per rank. Reported per var
 
 Inside each run the variants are interleaved (rotating order) ``--rounds`` times, the median is kept. The
 verdict against bare mpi4py is paired: the median over rounds of bare's step time / horo's in the same round
-(then over runs), so that both come from one machine state; with 2 rounds, 3 runs of the same code gave 0.95 to
-1.08 (README, "Session 19").
+(then over runs), so that both come from one machine state. With 2 rounds, five runs of the same code gave
+0.95-1.08x; with 15, six runs gave 1.00-1.04x (README, "Session 19").
 
 Under a launcher (``hororun -np N python -m horo.bench keras``) it measures this size only.
 """
@@ -316,7 +316,7 @@ def main(argv: list[str]) -> int:
         args.rounds = 15 if inside else 5  # 1 vs N: 5 per run, the verdict pools them over --repeats runs
     elif args.rounds < 1:
         print(f"python -m horo.bench keras: --rounds must be >= 1. Received: --rounds={args.rounds}. "
-              "HINT: 15 paired rounds kept three runs within 1.00-1.04x.", file=sys.stderr)
+              "HINT: 15 paired rounds kept six runs within 1.00-1.04x.", file=sys.stderr)
         return 2
     if inside:
         return _worker(args)
