@@ -75,3 +75,27 @@ def rank_slices(x: np.ndarray, world: int, rank: int, per_rank: int) -> np.ndarr
     parts = [x[s * world * per_rank + rank * per_rank: s * world * per_rank + (rank + 1) * per_rank]
              for s in range(steps)]
     return np.concatenate(parts)
+
+
+def assert_16bit_sum(got: np.ndarray, shares: list[np.ndarray], pre: float, post: float, compression: str) -> None:
+    """``got`` is ``pre * post * sum(shares)`` of every rank's share, as plugins/half_exchange.py computes it.
+
+    Each share is rounded once to 16 bits, and their float32 sum, scaled, once more. The bound is those two
+    roundings', element by element: half a unit in the last place (2**-11 of the value for fp16, 2**-8 for
+    bf16; fp16's subnormal step below 2**-14 is 2**-24) of each share, scaled and summed over the ranks, and
+    of the result, plus float32 rounding of the sum. A fixed tolerance does not hold: the error grows with
+    the number of ranks, and mixed signs can cancel the sum while the error stays.
+    """
+    def half_ulp(v: np.ndarray) -> np.ndarray:
+        v = np.abs(v)
+        return np.maximum(v * 2.0 ** -11, 2.0 ** -25) if compression == "fp16" else v * 2.0 ** -8
+
+    x = [np.asarray(s, dtype=np.float64) for s in shares]
+    scale = abs(pre * post)
+    exact = pre * post * sum(x)
+    first = scale * (sum(half_ulp(v) for v in x) + len(x) * 2.0 ** -24 * sum(np.abs(v) for v in x))
+    bound = first + half_ulp(np.abs(exact) + first)
+    err = np.abs(np.asarray(got, dtype=np.float64) - exact)
+    worst = int(np.argmax(err - bound))
+    assert np.all(err <= bound), (f"16-bit sum off by {err.flat[worst]:.3g} at flat index {worst}, more than its "
+                                  f"rounding bound {bound.flat[worst]:.3g} ({len(x)} ranks, {compression})")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from keras_util import agree, assert_same_on_all_ranks, mlp, rank_slices, regression_data, weights_of
+from keras_util import agree, assert_16bit_sum, assert_same_on_all_ranks, mlp, rank_slices, regression_data, weights_of
 
 B = 4  # per-rank batch
 STEPS = 3
@@ -196,15 +196,14 @@ def test_16bit_exchange_scales_and_is_identical_on_all_ranks(hvd, multi, rank, b
                         average_aggregated_gradients=False, process_set=None)
     fused = FusedAllreduce()
     outs = [backends.current().exchange(grads + [None], settings, fused) for _ in range(2)][-1]
-    sums = [sum(np.random.default_rng(r).standard_normal(s) * 1e-5 for r in range(multi)) for s in shapes]
-    rtol = 2e-2 if compression == "bf16" else 2e-3
+    shares = [[np.random.default_rng(r).standard_normal(s) * 1e-5 for r in range(multi)] for s in shapes]
 
     def check():
         assert outs[3] is None
-        for got, want, d in zip(outs, sums, dtypes):
+        for got, each, d in zip(outs, shares, dtypes):
             got = np.asarray(got.numpy() if hasattr(got, "numpy") else got)
-            assert got.dtype == np.dtype(d) and got.shape == want.shape
-            np.testing.assert_allclose(got, 1.5 * want, rtol=rtol, atol=1e-7)
+            assert got.dtype == np.dtype(d) and got.shape == each[0].shape
+            assert_16bit_sum(got, each, 0.5, 3.0, compression)
 
     agree(check)
     assert_same_on_all_ranks([np.asarray(o) for o in outs[:3]], what="gradients")

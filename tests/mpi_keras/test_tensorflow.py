@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from keras_util import agree, assert_same_on_all_ranks, rank_slices, weights_of
+from keras_util import agree, assert_16bit_sum, assert_same_on_all_ranks, rank_slices, weights_of
 
 B = 4
 
@@ -172,15 +172,14 @@ def test_16bit_gradients_are_summed_in_float32_by_tf(hvd, world, rank, tf_backen
 
     eager, traced = run(), tf.function(run)()
     everyone = [np.random.default_rng(r) for r in range(world)]
-    sums = [sum(g) for g in zip(*[[r.standard_normal(s).astype("float32") * 1e-5 for s in [(7, 3), (5,), (1,)]]
-                                  + [r.standard_normal((4,)).astype("float64")] for r in everyone])]
-    tol = dict(rtol=2e-2, atol=1e-7) if compression == "bf16" else dict(rtol=2e-3, atol=1e-7)
+    shares = list(zip(*[[r.standard_normal(s).astype("float32") * 1e-5 for s in [(7, 3), (5,), (1,)]]
+                        + [r.standard_normal((4,)).astype("float64")] for r in everyone]))
 
     def check():
         for out in (eager, traced):
-            for got, want in zip(out[:4], sums):
-                assert got.dtype == tf.as_dtype(want.dtype)
-                np.testing.assert_allclose(got.numpy(), 1.5 * want, **tol)
+            for got, each in zip(out[:4], shares):
+                assert got.dtype == tf.as_dtype(each[0].dtype)
+                assert_16bit_sum(got.numpy(), list(each), 0.5, 3.0, compression)
             assert isinstance(out[4], tf.IndexedSlices) and out[4].values.shape[0] == world
             np.testing.assert_allclose(np.sort(out[4].values.numpy()[:, 0]), 1.5 * np.arange(world))
         assert traced[0].shape == (7, 3)
