@@ -126,6 +126,36 @@ def main(argv: list[str]) -> int:
         if expect == "nccl" and any(copies.values()):
             fails.append(f"{dt}: host copies during the GPU ops: {copies}")
 
+    # Repeated in-place allreduces run from the plan of their first, checked call (horo.torch.prepared): the
+    # same results as on the CPU, no host copy, and a rank that changes its call still raises on every rank.
+    from horo.torch import prepared
+
+    for dt in (torch.float32, torch.float16, torch.bfloat16, torch.int32):
+        x = data(dt)
+        kinds = [("sum", {"op": hvd.Sum})]
+        if dt.is_floating_point:
+            kinds.append(("avg x2", {"postscale_factor": 2.0} if dt != torch.bfloat16 else {}))
+        for kind, kw in kinds:
+            cpu_y, gpu_y = x.clone(), x.to(dev)
+            for _ in range(3):
+                hvd.allreduce_(cpu_y, name=f"rep.{dt}.{kind}", **kw)
+            _, copies = host_copies(lambda: [hvd.allreduce_(gpu_y, name=f"rep.{dt}.{kind}", **kw)  # noqa: B023
+                                             for _ in range(3)])
+            compare(f"repeated allreduce_ {dt} {kind}", gpu_y, cpu_y)
+            if expect == "nccl" and any(copies.values()):
+                fails.append(f"repeated allreduce_ {dt} {kind}: host copies {copies}")
+    if not prepared._PLANS:
+        fails.append("repeated allreduce_: no plan was kept for CUDA tensors")
+    if n > 1:
+        y = torch.ones(4, device=dev)
+        for _ in range(2):
+            hvd.allreduce_(y, op=hvd.Sum, name="rep.mismatch")
+        try:
+            hvd.allreduce_(y, op=hvd.Sum, name="rep.mismatch" if me else "rep.other")
+            fails.append("repeated allreduce_ with different names on two ranks did not raise")
+        except horo.MismatchError:
+            pass
+
     # A burst of async allreduces, all pending in one round: they run as NCCL groups, one per reduction
     # (backends.gpu._run_allreduces), in place and out of place, dtypes mixed.
     from horo.core.backends import gpu as gpu_backend
@@ -183,6 +213,24 @@ def main(argv: list[str]) -> int:
 
     want_p, _ = train(torch.device("cpu"))
     got_p, copies = train(dev)
+    # Gradient buckets on the GPU: the exchange above ran one prepared allreduce per bucket and step.
+    ps = [torch.nn.Parameter(torch.full((1000 + i,), float(me + i), device=dev)) for i in range(6)]
+    ex = hvd.GradientExchange([(f"b{i}", p) for i, p in enumerate(ps)], first_bucket_bytes=4000,
+                              bucket_bytes=8000)
+    for step in range(3):
+        for p in ps:
+            p.grad = p.detach() * (step + 1)
+        _, bcopies = host_copies(ex.synchronize)
+        want = [torch.full((1000 + i,), (step + 1) * (sum(range(n)) / n + i)) for i in range(6)]
+        for i, (p, w) in enumerate(zip(ps, want)):
+            compare(f"bucket step {step} grad {i}", p.grad, w)
+        if expect == "nccl" and any(bcopies.values()):
+            fails.append(f"bucket step {step}: host copies {bcopies}")
+    nb = len(ex.buckets.buckets)
+    if ex.exchanges != 3 * nb or nb < 3:
+        fails.append(f"buckets: {ex.exchanges} exchanges in 3 steps over {nb} buckets")
+    print(f"rank {me}: 6 gradients in {nb} buckets, {ex.exchanges} exchanges in 3 steps", flush=True)
+    ex.remove_hooks()
     for i, (g, w) in enumerate(zip(got_p, want_p)):
         if not torch.allclose(g, w, rtol=1e-4, atol=1e-5):
             fails.append(f"DistributedOptimizer: parameter {i} differs from the CPU run by {(g - w).abs().max()}")

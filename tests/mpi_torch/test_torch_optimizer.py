@@ -54,23 +54,43 @@ def test_matches_one_process_on_n_times_the_batch(hvd, world, rank, opt_name):
     agree(check)
 
 
-def test_exchange_overlaps_backward(hvd, rank):
+def _with_exchange(opt, model, **kw):
+    """Give ``opt`` a gradient exchange with explicit bucket sizes (the environment's are the defaults)."""
+    from horo.torch import GradientExchange
+
+    opt._exchange.remove_hooks()
+    opt._exchange = GradientExchange(list(model.named_parameters()), **kw)
+    return opt._exchange
+
+
+@pytest.mark.parametrize("buckets", ["per-parameter", "one-per-layer"])
+def test_exchange_overlaps_backward(hvd, rank, buckets):
     model = make_model()
     opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
                                    named_parameters=model.named_parameters())
+    # per-parameter: each gradient alone; one-per-layer: a bucket closes at the layer's weight (reverse
+    # registration order puts each layer's bias first), so the last layer's bucket can start during backward.
+    ex = _with_exchange(opt, model, **({"bucket_bytes": 0} if buckets == "per-parameter" else
+                                       {"first_bucket_bytes": 8 * 2 * 4, "bucket_bytes": 8 * 5 * 4}))
     last = model[2].weight
     seen: dict[str, bool] = {}
     hidden = model[1](model[0](X[:4]))
-    # Runs after the last layer's gradients are final but before the first layer's are computed.
-    hidden.register_hook(lambda g: seen.update(last_layer_in_flight=last in opt._exchange.inflight))
+
+    def during_backward(_):  # after the last layer's gradients are final, before the first layer's exist
+        started = last in ex.inflight if ex.buckets is None else ex.buckets.next >= 1
+        seen.update(last_layer_in_flight=started, exchanges=ex.exchanges)
+
+    hidden.register_hook(during_backward)
     torch.nn.functional.mse_loss(model[2](hidden), Y[:4]).backward()
-    in_flight_after_backward = len(opt._exchange.inflight)
+    handed_over = sum(ex.started(p) for p in model.parameters())
+    exchanges = ex.exchanges
     opt.step()
 
     def check():
-        assert seen == {"last_layer_in_flight": True}
-        assert in_flight_after_backward == 4  # every gradient was submitted from its hook, during backward
-        assert not opt._exchange.inflight
+        assert seen == {"last_layer_in_flight": True, "exchanges": 1 if buckets != "per-parameter" else 2}
+        assert handed_over == 4  # every gradient was handed over from its hook, during backward
+        assert exchanges == (4 if buckets == "per-parameter" else 2)  # one allreduce per bucket
+        assert not ex.pending
     agree(check)
 
 
@@ -121,8 +141,8 @@ def test_backward_passes_per_step(hvd, world, rank):
         s = shard(micro, rank, world, 4)
         torch.nn.functional.mse_loss(model(X[s]), Y[s]).backward()
         if micro == 0:
-            after_first = len(opt._exchange.inflight)
-    after_second = len(opt._exchange.inflight)
+            after_first = sum(opt._exchange.started(p) for p in model.parameters())
+    after_second = sum(opt._exchange.started(p) for p in model.parameters())
     opt.step()
     ref_opt.zero_grad()
     for micro in range(2):

@@ -9,6 +9,7 @@ Each benchmark is a module ``horo.bench.NAME`` with ``main(argv) -> int``:
 - ``autotune``: the engine tunes its own knobs from a bad start; compared with a grid search in the same run.
 - ``gpu``: GPU buffers: horo's NCCL path vs raw NCCL and host staging (also ``allreduce --gpu``).
 - ``keras``, ``lightning``: end-to-end training throughput with the framework facades.
+- ``torch_step``: a plain torch step with ``DistributedOptimizer`` against ``DistributedDataParallel``.
 
 All of them interleave the variants they compare inside one run, repeat, and report medians, so that a
 noisy (shared) machine slows every variant alike.
@@ -32,6 +33,7 @@ BENCHES: dict[str, str] = {
     "gpu": "GPU allreduce: horo's NCCL path vs raw NCCL vs host staging (needs cupy and a GPU)",
     "keras": "Keras training throughput with horo.keras",
     "lightning": "PyTorch Lightning training throughput with horo.lightning",
+    "torch_step": "torch training step: horo.torch.DistributedOptimizer vs DistributedDataParallel",
 }
 
 __all__ = ["BENCHES"]

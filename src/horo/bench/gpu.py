@@ -9,6 +9,8 @@ For every size, three variants run interleaved, in place, on equally sized CuPy 
 
 - ``raw``: ``NcclCommunicator.allReduce`` on the very NCCL communicator horo uses (no agreement step);
 - ``horo``: horo's GPU allreduce (``horo.allreduce_`` on the CuPy buffer: checks and agreement over MPI, then NCCL);
+- ``torch_``: ``horo.torch.allreduce_`` on a torch CUDA tensor, repeated: its prepared plan (agreement, then
+  NCCL at the tensor's pointer on torch's stream; ``horo.torch.prepared``); when torch has CUDA;
 - ``staged``: the fallback without NCCL: device-to-host copy, ``horo.allreduce_`` over MPI, host-to-device copy.
 
 Every call ends with a stream synchronisation, so the host clock measures finished work. Time is the median
@@ -42,7 +44,7 @@ from horo.core.comms import duplicate
 
 NEEDS = "horo.bench gpu: needs the nccl extra and a GPU (pip install 'horo[nccl]' on a CUDA machine); skipping."
 DTYPES = ("float32", "float16", "float64", "int32", "int64", "uint8")
-VARIANTS = ("raw", "horo", "staged")
+VARIANTS = ("raw", "horo", "torch_", "staged")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -98,6 +100,15 @@ def main(argv: list[str]) -> int:
     from horo.core.process_sets import global_process_set
 
     horo.init()
+    torch_cuda = False
+    try:
+        import torch
+
+        import horo.torch as hvd_torch
+
+        torch_cuda = torch.cuda.is_available()
+    except ImportError:
+        pass
     comm = duplicate(MPI.COMM_WORLD)  # barriers and the timing reduction only
     n, rank = comm.Get_size(), comm.Get_rank()
     gpu = device.default_device()
@@ -157,6 +168,15 @@ def main(argv: list[str]) -> int:
             stream.synchronize()
 
         variants["horo"] = via_horo
+        if torch_cuda:
+            t = torch.zeros(count, dtype=getattr(torch, dtype.name), device=f"cuda:{gpu}")
+            hvd_torch.allreduce_(t, op=horo.Sum)  # the checked call: the next ones run from its plan
+
+            def via_torch(t: Any = t) -> None:
+                hvd_torch.allreduce_(t, op=horo.Sum)
+                torch.cuda.current_stream().synchronize()
+
+            variants["torch_"] = via_torch
         variants["staged"] = staged
         iters = args.iters or _auto_iters(real)
         timing = time_interleaved(comm, variants, iters=iters, repeats=args.repeats, warmup=2)
@@ -210,6 +230,13 @@ def _summary(results: list[dict[str, Any]], stat: str) -> None:
         print(f"- horo vs raw NCCL from 1 MiB: worst raw/horo = {ratio:.2f} at {fmt_size(worst['bytes'])} "
               f"(1.00 = no overhead; target >= {TARGET:.2f}): {'PASS' if ratio >= TARGET else 'FAIL'}; "
               f"horo adds {min(added):.0f}-{max(added):.0f} µs per call")
+        if t(big[0], "torch_") is not None:
+            added = [1e6 * (t(r, "torch_") - t(r, "raw")) for r in big]
+            worst = min(big, key=lambda r: t(r, "raw") / t(r, "torch_"))
+            ratio = t(worst, "raw") / t(worst, "torch_")
+            print(f"- horo.torch.allreduce_ (prepared) vs raw NCCL from 1 MiB: worst raw/x = {ratio:.2f} at "
+                  f"{fmt_size(worst['bytes'])}: {'PASS' if ratio >= TARGET else 'FAIL'}; it adds "
+                  f"{min(added):.0f}-{max(added):.0f} µs per call")
     if results:
         last = results[-1]
         speed = t(last, "staged") / t(last, "horo")

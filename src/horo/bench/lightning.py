@@ -13,12 +13,11 @@ per step that ranks spend blocked on the exchange after backward.
 from __future__ import annotations
 
 import argparse
-import itertools
 import statistics
 import time
 from typing import Any
 
-from horo.bench import plot
+from horo.bench import models, plot
 from horo.bench._util import env_summary, limit_threads, md_table
 
 VARIANTS = ("horo", "horo (no overlap)", "ddp (gloo)")  # "ddp (nccl)" in place of gloo on GPU
@@ -27,6 +26,13 @@ VARIANTS = ("horo", "horo (no overlap)", "ddp (gloo)")  # "ddp (nccl)" in place 
 def _parse(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m horo.bench lightning", description=__doc__.splitlines()[0])
     p.add_argument("--accelerator", choices=["cpu", "gpu"], default="cpu", help="gpu: one CUDA GPU per rank")
+    p.add_argument("--model", choices=models.MODELS, default="mlp",
+                   help="mlp, or resnet50 (torchvision's when installed) on synthetic images")
+    p.add_argument("--image-size", type=int, default=224, help="ResNet input side (pixels)")
+    p.add_argument("--variants", default=",".join(VARIANTS[:2]) + ",ddp",
+                   help="comma-separated subset of: horo, horo (no overlap), ddp")
+    p.add_argument("--target", type=float, default=0.0,
+                   help="PASS when horo's throughput >= target x DDP's (paired; 0: no verdict)")
     p.add_argument("--width", type=int, default=1024, help="hidden width of the MLP")
     p.add_argument("--layers", type=int, default=4, help="hidden layers of the MLP")
     p.add_argument("--batch-size", type=int, default=32, help="samples per rank and step")
@@ -34,23 +40,23 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--warmup", type=int, default=4, help="untimed steps at the start of each fit")
     p.add_argument("--repeats", type=int, default=3, help="samples per variant (interleaved)")
     plot.add_plot_arg(p)
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    chosen = args.variants.split(",")
+    if any(v not in (*VARIANTS[:2], "ddp") for v in chosen) or "horo" not in chosen:
+        p.error(f"Received: --variants={args.variants!r}. HINT: a subset of horo, horo (no overlap), ddp that "
+                "includes horo.")
+    return args
 
 
-def _module(width: int, layers: int) -> Any:
+def _module(model: str, width: int, layers: int) -> Any:
     import pytorch_lightning as pl
     import torch
     import torch.nn.functional as F
 
-    class MLP(pl.LightningModule):
+    class Module(pl.LightningModule):
         def __init__(self) -> None:
             super().__init__()
-            torch.manual_seed(0)
-            dims = [256] + [width] * layers
-            blocks: list[torch.nn.Module] = []
-            for a, b in itertools.pairwise(dims):
-                blocks += [torch.nn.Linear(a, b), torch.nn.ReLU()]
-            self.net = torch.nn.Sequential(*blocks, torch.nn.Linear(width, 10))
+            self.net = models.make(model, width=width, layers=layers)
 
         def training_step(self, batch: Any, batch_idx: int) -> Any:
             x, y = batch
@@ -59,7 +65,7 @@ def _module(width: int, layers: int) -> Any:
         def configure_optimizers(self) -> Any:
             return torch.optim.SGD(self.parameters(), lr=0.01, momentum=0.9)
 
-    return MLP()
+    return Module()
 
 
 class _Clock:
@@ -108,13 +114,15 @@ def main(argv: list[str]) -> int:
     world, rank = horo.size(), horo.rank()
     comm = MPI.COMM_WORLD
     total_steps = args.warmup + args.steps
-    n = args.batch_size * world * total_steps
-    g = torch.Generator().manual_seed(0)
-    data = TensorDataset(torch.randn(n, 256, generator=g), torch.randint(0, 10, (n,), generator=g))
-    params = sum(p.numel() for p in _module(args.width, args.layers).parameters())
+    # The same few batches again and again: loading is not what is measured.
+    x, y = models.batch(args.model, args.batch_size * world * 4, image_size=args.image_size)
+    reps = -(-total_steps // 4)
+    data = TensorDataset(x.repeat(reps, *([1] * (x.dim() - 1))), y.repeat(reps))
+    params = sum(p.numel() for p in _module(args.model, args.width, args.layers).parameters())
 
     ddp = "ddp (nccl)" if args.accelerator == "gpu" else "ddp (gloo)"
-    variants = (*VARIANTS[:2], ddp)
+    chosen = args.variants.split(",")
+    variants = tuple(v for v in (*VARIANTS[:2], ddp) if v in chosen or (v == ddp and "ddp" in chosen))
 
     def fit(variant: str) -> tuple[float, float]:
         strategy: Any = {"horo": lambda: HoroStrategy(),
@@ -124,14 +132,15 @@ def main(argv: list[str]) -> int:
         trainer = pl.Trainer(strategy=strategy, accelerator=args.accelerator, devices=world, max_steps=total_steps,
                              logger=False, enable_checkpointing=False, enable_progress_bar=False,
                              enable_model_summary=False, callbacks=[clock])
-        trainer.fit(_module(args.width, args.layers), DataLoader(data, batch_size=args.batch_size))
+        trainer.fit(_module(args.model, args.width, args.layers), DataLoader(data, batch_size=args.batch_size))
         seconds = clock.t1 - clock.t0
         wait = (clock.wait1 - clock.wait0) / max(clock.steps, 1)
         worst = comm.allreduce(seconds / max(clock.steps, 1), op=MPI.MAX)
         return args.batch_size * world / worst, comm.allreduce(wait, op=MPI.MAX)
 
+    what = f"MLP {args.layers}x{args.width}" if args.model == "mlp" else f"ResNet-50 ({args.image_size}px)"
     if rank == 0:
-        print(f"# Lightning throughput: MLP {args.layers}x{args.width} ({params / 1e6:.1f} M parameters, "
+        print(f"# Lightning throughput: {what} ({params / 1e6:.1f} M parameters, "
               f"{4 * params / 2**20:.0f} MiB of fp32 gradients), batch {args.batch_size}/rank, "
               f"{args.steps} timed steps x {args.repeats} repeats\n# {env_summary(world)}", flush=True)
     rate: dict[str, list[float]] = {v: [] for v in variants}
@@ -144,26 +153,37 @@ def main(argv: list[str]) -> int:
             wait[v].append(w)
     med = {v: statistics.median(rate[v]) for v in variants}
     wmed = {v: statistics.median(wait[v]) for v in variants}
-    hidden = 1.0 - wmed["horo"] / wmed["horo (no overlap)"] if wmed["horo (no overlap)"] > 0 else float("nan")
+    base = ddp if ddp in variants else "horo"
+    # Paired: each repeat's ratio of two variants' throughputs, then the median over repeats (_util.Timing).
+    paired = {v: statistics.median(a / b for a, b in zip(rate[v], rate[base])) for v in variants}
+    code = 0
     if rank == 0:
         rows = []
         for v in variants:
             blocked = f"{1e3 * wmed[v]:.1f}" if v.startswith("horo") else "-"
             rows.append([v, f"{med[v]:.0f}", f"{min(rate[v]):.0f}-{max(rate[v]):.0f}", blocked,
-                         f"{med[v] / med[ddp]:.2f}x"])
-        print(md_table(["strategy", "samples/s (median)", "range", "exchange wait ms/step", "vs DDP"], rows))
-        print(f"\nallreduce time hidden behind backward: {100 * hidden:.0f}% "
-              f"(wait {1e3 * wmed['horo']:.1f} ms/step with overlap vs {1e3 * wmed['horo (no overlap)']:.1f} "
-              "without)")
+                         f"{paired[v]:.3f}x"])
+        print(md_table(["strategy", "samples/s (median)", "range", "exchange wait ms/step",
+                        f"vs {base} (paired)"], rows))
+        if "horo (no overlap)" in variants:
+            slow = wmed["horo (no overlap)"]
+            hidden = 1.0 - wmed["horo"] / slow if slow > 0 else float("nan")
+            print(f"\nallreduce time hidden behind backward: {100 * hidden:.0f}% "
+                  f"(wait {1e3 * wmed['horo']:.1f} ms/step with overlap vs {1e3 * slow:.1f} without)")
+        if args.target and base == ddp:
+            ok = paired["horo"] >= args.target
+            code = 0 if ok else 1
+            print(f"{'PASS' if ok else 'FAIL'}: Lightning {what} with HoroStrategy = {paired['horo']:.3f}x {ddp} "
+                  f"throughput (target >= {args.target})")
         if args.plot:
-            plot.bars(args.plot, f"Lightning fit, {world} ranks, MLP {args.layers}x{args.width}: throughput "
+            plot.bars(args.plot, f"Lightning fit, {world} ranks, {what}: throughput "
                       f"(median of {args.repeats})", med, "samples per second (higher is better)",
                       ranges={v: (min(rate[v]), max(rate[v])) for v in variants},
-                      notes={v: f"{med[v] / med[ddp]:.2f}x DDP" for v in variants},
-                      highlight=[ddp], footer=env_summary(world))
+                      notes={v: f"{paired[v]:.2f}x {base}" for v in variants},
+                      highlight=[base], footer=env_summary(world))
             print(f"plot written to {args.plot}")
     horo.barrier()
-    return 0
+    return code
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -105,6 +105,11 @@ _DEFAULTS: dict[str, float] = {
     # ms between engine rounds while this rank has nothing pending. A parked rank wakes at once on its own
     # submission, which any pending op needs anyway, so a long tick costs no latency; it only sets how
     # often idle ranks report to the stall inspector, and keeps idle CPU near zero.
+    # Bytes per gradient bucket of horo.torch's gradient exchange (torch/buckets.py), as DDP's Reducer sizes
+    # them: the first bucket small so that the first exchange starts early in backward. 0: one exchange per
+    # parameter.
+    "HORO_BUCKET_BYTES": 25 << 20,
+    "HORO_FIRST_BUCKET_BYTES": 1 << 20,
     "HORO_CYCLE_TIME": 50.0,
     "HORO_CACHE_CAPACITY": 1024,
     "HORO_STALL_CHECK_TIME_SECONDS": 60.0,

@@ -51,8 +51,10 @@ __all__ = [
     "backend_for",
     "bf16_bits_to_f32",
     "broadcast_into",
+    "call",
     "char_is_signed",
     "decide_mode",
+    "dtype_code",
     "f32_to_bf16_bits",
     "finish_reduction",
     "gpu_operations",
@@ -61,6 +63,7 @@ __all__ = [
     "load_cupy",
     "nccl_bf16_supported",
     "normalize_unique_id",
+    "op_code",
     "padded_blocks",
     "reduce_plan",
     "reducescatter",
@@ -567,11 +570,13 @@ def release_all() -> None:
 
 
 # ------------------------------------------------------------------------------------------ data movement
-def _code(nccl: Any, name: str) -> int:
+def dtype_code(nccl: Any, name: str) -> int:
+    """NCCL's ``ncclDataType_t`` for a key of :data:`NCCL_DTYPE_CODES`, as this CuPy names it."""
     return int(getattr(nccl, "NCCL_" + name.upper(), NCCL_DTYPE_CODES[name]))
 
 
-def _op_code(nccl: Any, name: str) -> int:
+def op_code(nccl: Any, name: str) -> int:
+    """NCCL's ``ncclRedOp_t`` for a key of :data:`NCCL_OP_CODES`, as this CuPy names it."""
     return int(getattr(nccl, "NCCL_" + name.upper(), NCCL_OP_CODES[name]))
 
 
@@ -579,7 +584,8 @@ def _ptr(arr: Any) -> int:
     return int(arr.data.ptr)
 
 
-def _call(what: str, fn: Any, *args: Any) -> None:
+def call(what: str, fn: Any, *args: Any) -> None:
+    """Run an NCCL call of CuPy's, turning its ``NcclError`` into ``HoroError`` with a hint."""
     try:
         fn(*args)
     except Exception as exc:
@@ -672,8 +678,8 @@ def allreduce_into(be: NcclBackend, send: Any, out: Any, op: ReduceOp, prescale:
                     _prescale(cupy, work, logical, plan, prescale)
                     src = work
             if work.size:
-                _call("allreduce", be.communicator.allReduce, _ptr(src), _ptr(work), work.size,
-                      _code(nccl, plan.nccl_type), _op_code(nccl, plan.nccl_op), st.ptr)
+                call("allreduce", be.communicator.allReduce, _ptr(src), _ptr(work), work.size,
+                      dtype_code(nccl, plan.nccl_type), op_code(nccl, plan.nccl_op), st.ptr)
             _finish(cupy, work, logical, plan, op, be.size, postscale)
             if plan.cast == "upcast":
                 _from_work(cupy, work, out, logical, plan)
@@ -697,16 +703,16 @@ def _hierarchical_into(be: NcclBackend, send: Any, out: Any, op: ReduceOp, pre: 
             work[n:] = 0
     _prescale(cupy, work, logical, plan, pre)
     part = cupy.empty(shard, dtype=plan.work_dtype)
-    code, opc = _code(nccl, plan.nccl_type), _op_code(nccl, plan.nccl_op)
+    code, opc = dtype_code(nccl, plan.nccl_type), op_code(nccl, plan.nccl_op)
     if shard:
-        _call("reduce-scatter", local.reduceScatter, _ptr(work), _ptr(part), shard, code, opc, st.ptr)
+        call("reduce-scatter", local.reduceScatter, _ptr(work), _ptr(part), shard, code, opc, st.ptr)
         host = cupy.asnumpy(part, stream=st)  # blocking: MPI needs the data on the host
         if plan.cast == "bf16":
             host = host.view(BFLOAT16)
         cross_op = _OP_FOR_NAME[plan.nccl_op]  # Average: Sum now, divide by the full size below
         mpi_ops.allreduce_into(be.cross_comm, host, host, cross_op)
         part.set(host.view(plan.work_dtype) if plan.cast == "bf16" else host, stream=st)
-        _call("allgather", local.allGather, _ptr(part), _ptr(work), shard, code, st.ptr)
+        call("allgather", local.allGather, _ptr(part), _ptr(work), shard, code, st.ptr)
     result = work[:n]
     _finish(cupy, result, logical, plan, op, be.size, post)
     _from_work(cupy, result, out, logical, plan)
@@ -775,8 +781,8 @@ def grouped_allreduce_into(be: NcclBackend, sends: Sequence[Any], outs: Sequence
             try:
                 for src, dst, plan, _ in jobs:
                     if dst.size:
-                        _call("allreduce", be.communicator.allReduce, _ptr(src), _ptr(dst), dst.size,
-                              _code(nccl, plan.nccl_type), _op_code(nccl, plan.nccl_op), st.ptr)
+                        call("allreduce", be.communicator.allReduce, _ptr(src), _ptr(dst), dst.size,
+                              dtype_code(nccl, plan.nccl_type), op_code(nccl, plan.nccl_op), st.ptr)
             finally:
                 nccl.groupEnd()
             for _, dst, plan, logical in jobs:
@@ -796,7 +802,7 @@ def allgather(be: NcclBackend, send: Any, counts: Sequence[int], *, stream: Any 
     row_elems = int(np.prod(send.shape[1:], dtype=np.int64))
     row_bytes = row_elems * send.dtype.itemsize
     sizes, offsets = allgather_displacements(counts, row_bytes)
-    u8 = _code(nccl, "uint8")
+    u8 = dtype_code(nccl, "uint8")
     with cupy.cuda.Device(be.device):
         st = _stream(cupy, stream)
         with st:
@@ -804,14 +810,14 @@ def allgather(be: NcclBackend, send: Any, counts: Sequence[int], *, stream: Any 
             src = cupy.ascontiguousarray(send)
             if len(set(counts)) == 1:
                 if sizes[0]:
-                    _call("allgather", be.communicator.allGather, _ptr(src), _ptr(out), sizes[0], u8, st.ptr)
+                    call("allgather", be.communicator.allGather, _ptr(src), _ptr(out), sizes[0], u8, st.ptr)
                 return out
             nccl.groupStart()
             try:
                 for r in range(be.size):
                     if sizes[r]:
                         dst = _ptr(out) + offsets[r]
-                        _call("broadcast", be.communicator.broadcast, _ptr(src) if r == be.rank else dst, dst,
+                        call("broadcast", be.communicator.broadcast, _ptr(src) if r == be.rank else dst, dst,
                               sizes[r], u8, r, st.ptr)
             finally:
                 nccl.groupEnd()
@@ -824,7 +830,7 @@ def broadcast_into(be: NcclBackend, buf: Any, root: int, *, stream: Any = None) 
     with cupy.cuda.Device(be.device):
         st = _stream(cupy, stream)
         if buf.nbytes:
-            _call("broadcast", be.communicator.broadcast, _ptr(buf), _ptr(buf), buf.nbytes, _code(nccl, "uint8"),
+            call("broadcast", be.communicator.broadcast, _ptr(buf), _ptr(buf), buf.nbytes, dtype_code(nccl, "uint8"),
                   int(root), st.ptr)
     return buf
 
@@ -840,7 +846,7 @@ def alltoall(be: NcclBackend, send: Any, splits: np.ndarray, *, stream: Any = No
     row_bytes = int(np.prod(send.shape[1:], dtype=np.int64)) * send.dtype.itemsize
     sc, sd = allgather_displacements(splits.tolist(), row_bytes)
     rc, rd = allgather_displacements(recv_splits.tolist(), row_bytes)
-    u8 = _code(nccl, "uint8")
+    u8 = dtype_code(nccl, "uint8")
     with cupy.cuda.Device(be.device):
         st = _stream(cupy, stream)
         with st:
@@ -855,9 +861,9 @@ def alltoall(be: NcclBackend, send: Any, splits: np.ndarray, *, stream: Any = No
                     if peer == be.rank:
                         continue
                     if sc[peer]:
-                        _call("send", be.communicator.send, _ptr(src) + sd[peer], sc[peer], u8, peer, st.ptr)
+                        call("send", be.communicator.send, _ptr(src) + sd[peer], sc[peer], u8, peer, st.ptr)
                     if rc[peer]:
-                        _call("recv", be.communicator.recv, _ptr(out) + rd[peer], rc[peer], u8, peer, st.ptr)
+                        call("recv", be.communicator.recv, _ptr(out) + rd[peer], rc[peer], u8, peer, st.ptr)
             finally:
                 nccl.groupEnd()
     return out, recv_splits
@@ -890,8 +896,8 @@ def reducescatter(be: NcclBackend, send: Any, op: ReduceOp, prescale: float = 1.
             _prescale(cupy, work, logical, plan, prescale)
             part = cupy.empty(block * row_elems, dtype=plan.work_dtype)
             if part.size:
-                _call("reduce-scatter", be.communicator.reduceScatter, _ptr(work), _ptr(part), part.size,
-                      _code(nccl, plan.nccl_type), _op_code(nccl, plan.nccl_op), st.ptr)
+                call("reduce-scatter", be.communicator.reduceScatter, _ptr(work), _ptr(part), part.size,
+                      dtype_code(nccl, plan.nccl_type), op_code(nccl, plan.nccl_op), st.ptr)
             mine = part[:rows[be.rank] * row_elems]
             _finish(cupy, mine, logical, plan, op, be.size, postscale)
             storage = np.dtype(np.uint16) if _is_bf16(logical) else logical

@@ -20,7 +20,7 @@ from .ops import Average, Sum
 from .watchdog import guarded
 
 __all__ = ["Signature", "JOIN", "BLOCKED", "agree", "agree_reduce", "exchange", "format_mismatch", "joinable",
-           "sig_hash", "agree_prepared", "prepared", "agree_choice", "MARK"]
+           "sig_hash", "agree_prepared", "agree_prepared_reduce", "prepared", "agree_choice", "MARK"]
 
 Signature = tuple  # tuple of (field, value) pairs, hashable and picklable
 
@@ -143,6 +143,21 @@ def agree_prepared(comm: Any, bufs: tuple[list[Any], list[Any], np.ndarray, byte
         hashes = recv.tolist()[0::2]
         if hashes.count(h) != len(hashes):
             _disagree(comm.allgather(sig), ranks)
+
+
+def agree_prepared_reduce(comm: Any, bufs: tuple[list[Any], list[Any], np.ndarray, bytes], sig: Signature, h: int,
+                          ranks: list[int] | None) -> bool:
+    """:func:`agree_prepared` for an allreduce: True when some ranks are inside ``join()`` (see
+    :func:`agree_reduce`); the prepared allreduces of ``prepared.py`` run it."""
+    send_spec, recv_spec, recv, expected = bufs
+    _gather(comm, send_spec, recv_spec)
+    if recv.tobytes() == expected:
+        return False
+    hashes = recv.tolist()[0::2]
+    if hashes.count(h) == len(hashes):
+        return False
+    _disagree(comm.allgather(sig), ranks)
+    return True
 
 
 def agree_choice(comm: Any, bufs: tuple[list[Any], list[Any], np.ndarray, bytes], sig: Signature, h: int,

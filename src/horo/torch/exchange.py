@@ -1,11 +1,13 @@
 """Average gradients across ranks while backward is still running.
 
 A ``GradientExchange`` puts a post-accumulate-grad hook on every parameter. When a parameter's gradient is
-final for this step, its hook starts an in-place ``allreduce_async_`` named after the parameter, so the
-exchange overlaps the rest of backward and horo's engine fuses what is ready together. ``synchronize()``
-waits for all of them. Every rank submits the same names in every step: a parameter whose hook did not fire
-on this rank (unused in this step, or still accumulating) is submitted from ``synchronize()`` with its
-current gradient, or zeros if it has none, so the ranks that did use it never wait forever.
+final for this step, its hook marks it in its bucket (``buckets.py``: a few fused allreduces per step, started
+while backward runs, as DDP's Reducer does); with ``HORO_BUCKET_BYTES=0``, with Adasum, and for sparse
+gradients, it starts an in-place ``allreduce_async_`` named after the parameter instead, which horo's engine
+fuses with what else is ready. ``synchronize()`` waits for all of them. Every rank exchanges the same
+gradients in every step: a parameter whose hook did not fire on this rank (unused in this step, or still
+accumulating) is exchanged from ``synchronize()`` with its current gradient, or zeros if it has none, so the
+ranks that did use it never wait forever.
 """
 
 from __future__ import annotations
@@ -19,9 +21,11 @@ from typing import Any
 import torch
 
 from .. import core
+from ..core.config import config
 from ..core.ops import Adasum, Average, ReduceOp, Sum, resolve_op
 from ..core.process_sets import ProcessSet
 from ..plugins.torch import Staged, stage
+from .buckets import Buckets
 from .compression import Compression, Compressor
 from .ops import sparse_allreduce_async
 
@@ -57,6 +61,13 @@ def reduce_op(op: Any, gradient_predivide_factor: float, what: str) -> tuple[Red
     return rop, 1.0 / f, f
 
 
+def _bytes(value: Any, arg: str, what: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"{what}: {arg} must be a non-negative int (bytes). Received: {arg}={value!r}. "
+                         "HINT: 25 * 2**20 is DDP's bucket size; 0 exchanges each parameter on its own.")
+    return value
+
+
 class GradientExchange:
     """Hooks that allreduce named parameters' gradients as backward produces them.
 
@@ -71,13 +82,16 @@ class GradientExchange:
             for comparison).
         sparse_as_dense: exchange sparse gradients (e.g. from ``nn.Embedding(sparse=True)``) as dense ones
             (and hand them back sparse); by default they are allgathered as indices and values.
+        bucket_bytes, first_bucket_bytes: bucket sizes (default ``HORO_BUCKET_BYTES`` and
+            ``HORO_FIRST_BUCKET_BYTES``); ``bucket_bytes=0`` exchanges each parameter on its own. Every rank
+            must pass the same values.
     """
 
     def __init__(self, named_parameters: Sequence[tuple[str, torch.Tensor]], *, op: Any = Average,
                  compression: type[Compressor] = Compression.none, gradient_predivide_factor: float = 1.0,
                  backward_passes_per_step: int = 1, process_set: ProcessSet | None = None,
-                 overlap: bool = True, sparse_as_dense: bool = False,
-                 what: str = "horo.torch.GradientExchange") -> None:
+                 overlap: bool = True, sparse_as_dense: bool = False, bucket_bytes: int | None = None,
+                 first_bucket_bytes: int | None = None, what: str = "horo.torch.GradientExchange") -> None:
         self.op, self.prescale, self.postscale = reduce_op(op, gradient_predivide_factor, what)
         self.compression = compression
         self.process_set = process_set
@@ -90,6 +104,16 @@ class GradientExchange:
         self.included = process_set is None or process_set.included()
         self.set_backward_passes_per_step(backward_passes_per_step)
         self.inflight: dict[torch.Tensor, _InFlight] = {}
+        self.buckets: Buckets | None = None
+        cap = config.int("HORO_BUCKET_BYTES") if bucket_bytes is None else _bytes(bucket_bytes, "bucket_bytes", what)
+        first = (config.int("HORO_FIRST_BUCKET_BYTES") if first_bucket_bytes is None
+                 else _bytes(first_bucket_bytes, "first_bucket_bytes", what))
+        if self.included and self.op is not Adasum and cap > 0:
+            self.buckets = Buckets([p for p in self.params if p.requires_grad], self.names, op=self.op,
+                                   pre=self.prescale, post=self.postscale, compression=compression,
+                                   process_set=process_set, first_cap=first, cap=cap, what=what)
+        self.marked: set[torch.Tensor] = set()  # parameters marked in their bucket in this step
+        self.exchanges = 0  # allreduces started (buckets and single parameters), for tests and benches
         self.hooks: dict[torch.Tensor, Any] = {}
         self.active = True  # hooks submit only while active
         self.fresh = False  # a hook fired since the last synchronize()
@@ -133,17 +157,35 @@ class GradientExchange:
         if not self.active:
             return
         self.fresh = True
-        if p in self.inflight:
+        if p in self.inflight or p in self.marked:
             raise RuntimeError(
                 f"{self.what}: the gradient of {self.names[p]!r} was computed more than "
                 f"backward_passes_per_step={self.backward_passes_per_step} times before synchronize()/step(). "
                 "HINT: raise backward_passes_per_step to accumulate locally, or call step() after each backward."
             )
         self.delay[p] -= 1
-        if self.delay[p] <= 0 and self.overlap:
-            self.inflight[p] = self._submit(p)
+        if self.delay[p] <= 0:
+            if self.overlap:
+                self._submit(p)
+            elif self.buckets is not None and p in self.buckets and not self.buckets.rebuilt:
+                self.buckets.arrived.append(p)  # the arrival order still shapes the rebuilt buckets
 
-    def _submit(self, p: torch.Tensor) -> _InFlight:
+    def _submit(self, p: torch.Tensor) -> None:
+        """Start ``p``'s exchange: mark it in its bucket, or allreduce it on its own."""
+        buckets = self.buckets
+        if buckets is not None and p in buckets:
+            sparse = p.grad is not None and p.grad.is_sparse
+            if not sparse:
+                self.marked.add(p)
+                before = buckets.exchanges
+                buckets.ready(p)
+                self.exchanges += buckets.exchanges - before
+                return
+            buckets.ready(p, exclude=True)  # its slot travels as zeros; the gradient goes on its own below
+        self.inflight[p] = self._submit_one(p)
+        self.exchanges += 1
+
+    def _submit_one(self, p: torch.Tensor) -> _InFlight:
         sparse_dim = None
         if p.grad is None:
             p.grad = torch.zeros_like(p)
@@ -176,9 +218,13 @@ class GradientExchange:
         if f.sparse_dim is not None:  # the wrapped optimizer (e.g. SparseAdam) needs a sparse gradient back
             p.grad = f.grad.to_sparse(f.sparse_dim)
 
+    def started(self, p: torch.Tensor) -> bool:
+        """True once ``p``'s gradient was handed to the exchange in this step (its bucket, or on its own)."""
+        return p in self.inflight or p in self.marked
+
     @property
     def pending(self) -> bool:
-        return bool(self.inflight)
+        return bool(self.inflight) or (self.buckets is not None and self.buckets.active)
 
     def synchronize(self) -> None:
         """Submit what this rank has not submitted yet, wait for everything, write averaged gradients back."""
@@ -186,10 +232,15 @@ class GradientExchange:
             self.fresh = False
             return
         first_error: BaseException | None = None
+        buckets = self.buckets
         try:
             for p in self.params:
-                if p.requires_grad and p not in self.inflight:
-                    self.inflight[p] = self._submit(p)
+                if p.requires_grad and p not in self.inflight and p not in self.marked:
+                    self._submit(p)
+            if buckets is not None:
+                before = buckets.exchanges
+                buckets.flush()
+                self.exchanges += buckets.exchanges - before
         except BaseException as exc:  # noqa: BLE001 - still drain what is in flight below
             first_error = exc
         t0 = time.perf_counter()
@@ -198,9 +249,15 @@ class GradientExchange:
                 self._finish(p, f, self.compression.decompress)
             except BaseException as exc:  # noqa: BLE001
                 first_error = first_error or exc
+        if buckets is not None:
+            try:
+                buckets.wait()
+            except BaseException as exc:  # noqa: BLE001
+                first_error = first_error or exc
         self.wait_seconds += time.perf_counter() - t0
         self.syncs += 1
         self.inflight.clear()
+        self.marked.clear()
         self.fresh = False
         for p in self.params:
             self.delay[p] = self.backward_passes_per_step
@@ -215,6 +272,9 @@ class GradientExchange:
                 with contextlib.suppress(Exception):  # the result is discarded anyway
                     f.handle() if f.staged is None else core.synchronize(f.handle)
         self.inflight.clear()
+        self.marked.clear()
+        if self.buckets is not None:
+            self.buckets.reset(wait)
         self.fresh = False
         for p in self.params:
             self.delay[p] = self.backward_passes_per_step

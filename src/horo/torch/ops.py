@@ -18,6 +18,7 @@ from ..core.errors import HoroTypeError
 from ..core.ops import Average, ReduceOp, Sum, resolve_op
 from ..core.process_sets import ProcessSet, resolve
 from ..plugins.torch import Staged, stage
+from . import prepared
 
 __all__ = [
     "allgather_async",
@@ -134,8 +135,14 @@ def allreduce_(tensor: torch.Tensor, average: bool | None = None, name: str | No
                prescale_factor: float = 1.0, postscale_factor: float = 1.0,
                process_set: ProcessSet | None = None) -> torch.Tensor:
     """In-place allreduce (no autograd): ``tensor`` holds the result; returns it."""
+    cuda = isinstance(tensor, torch.Tensor) and tensor.is_cuda
+    if cuda and prepared.allreduce_(tensor, average, name, op, prescale_factor, postscale_factor,
+                                    process_set) is not None:
+        return tensor  # a repeat of an earlier checked call (see prepared.py)
     s = stage(tensor, "horo.torch.allreduce_")
     core.allreduce_(s.array, average, name, op, prescale_factor, postscale_factor, process_set)
+    if cuda:
+        prepared.remember(tensor, average, name, op, prescale_factor, postscale_factor, process_set)
     return s.commit()
 
 

@@ -1,0 +1,331 @@
+"""Gradient buckets: a step's dense gradients exchanged in a few fused allreduces, as DDP's Reducer does.
+
+Parameters are put into buckets in reverse registration order (backward produces the last layers' gradients
+first). A key's first bucket closes at ``HORO_FIRST_BUCKET_BYTES`` (1 MiB), so the first exchange starts
+early in backward; the others at ``HORO_BUCKET_BYTES`` (25 MiB). A bucket holds one dtype on one device, in
+one flat buffer. After the first step the buckets are rebuilt once, in the order the gradients really arrived
+on the first rank of the set (broadcast, so every rank builds the same buckets).
+
+When the last gradient of a bucket is final, the bucket's gradients are copied into its buffer and the buffer
+is allreduced as one tensor. Buckets start strictly in index order, so every rank issues the same
+collectives in the same order; each bucket's name carries a digest of its layout, so ranks whose buckets
+differ raise ``MismatchError`` instead of mixing gradients. CUDA buckets run a prepared allreduce
+(``prepared.py``): one 16-byte agreement over MPI, then NCCL on a side stream that waits for the gradients
+with an event, so backward keeps computing; host buckets go through horo's engine as named async
+allreduces. ``wait()`` joins the streams, averages, and copies the results back into ``param.grad``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Hashable, Sequence
+from typing import Any
+
+import torch
+
+from .. import core
+from ..core.device import device_meta
+from ..core.errors import MismatchError
+from ..core.ops import ReduceOp
+from ..core.prepared import PreparedAllreduce, eligible, event, record, wait
+from ..core.process_sets import ProcessSet, resolve
+from ..plugins.torch import stage
+from . import prepared
+
+__all__ = ["Bucket", "Buckets", "assign"]
+
+_DEVICE = "device"  # Bucket.handle of a bucket in flight on a side stream
+
+
+def assign(order: Sequence[int], nbytes: Sequence[int], keys: Sequence[Hashable], first_cap: int,
+           cap: int) -> list[list[int]]:
+    """Group the items ``order`` lists (indices into ``nbytes`` and ``keys``) into buckets, DDP's way.
+
+    Items of one key fill a bucket in ``order`` until it holds at least its cap: ``first_cap`` for the key's
+    first bucket, ``cap`` for the others. Buckets come back ordered by their first item's place in ``order``.
+    """
+    filling: dict[Hashable, list[int]] = {}
+    filled: dict[Hashable, int] = {}
+    past_first: set[Hashable] = set()
+    out: list[list[int]] = []
+    for i in order:
+        k = keys[i]
+        filling.setdefault(k, []).append(i)
+        filled[k] = filled.get(k, 0) + int(nbytes[i])
+        if filled[k] >= (cap if k in past_first else first_cap):
+            out.append(filling.pop(k))
+            filled[k] = 0
+            past_first.add(k)
+    out += [b for b in filling.values() if b]
+    place = {i: n for n, i in enumerate(order)}
+    return sorted(out, key=lambda b: place[b[0]])
+
+
+class Bucket:
+    """One bucket: its parameters, the flat buffer their gradients travel in, and this step's state."""
+
+    def __init__(self, index: int, params: list[torch.Tensor], names: list[str]) -> None:
+        self.index = index
+        self.params = params
+        self.numels = [p.numel() for p in params]
+        self.where: tuple[int, torch.dtype] | None = None  # (device index, dtype) of ``flat``
+        self.flat = torch.empty(0)
+        self.views: list[torch.Tensor] = []
+        layout = repr([(n, tuple(p.shape), str(p.dtype)) for n, p in zip(names, params)])
+        self.name = f"horo.grad_bucket.{index}.{hashlib.blake2b(layout.encode(), digest_size=4).hexdigest()}"
+        self.missing = len(params)  # members whose gradient is not final yet in this step
+        self.excluded: set[int] = set()  # slots exchanged on their own this step (sparse gradients)
+        self.plan: PreparedAllreduce | None = None
+        self.plan_for: torch.dtype | None = None  # the wire dtype the plan was made for
+        self.wire: torch.Tensor | None = None
+        self.ctx: Any = None
+        self.handle: Any = None
+        self.ready_event: Any = None
+        self.done_event: Any = None
+
+    def allocate(self) -> None:
+        """(Re)make the flat buffer where the parameters are now (a model moved after its optimizer was made)."""
+        p0 = self.params[0]
+        where = (p0.get_device(), p0.dtype)
+        if where != self.where:
+            self.flat = torch.empty(sum(self.numels), dtype=p0.dtype, device=p0.device)
+            self.views = [v.view(p.shape) for v, p in zip(self.flat.split(self.numels), self.params)]
+            self.where = where
+            self.plan = None
+
+    def clear(self) -> None:
+        self.missing = len(self.params)
+        self.excluded.clear()
+        self.wire = self.ctx = self.handle = None
+
+
+class Buckets:
+    """The buckets of one gradient exchange (``exchange.GradientExchange``).
+
+    Args:
+        params: the parameters, in registration order (each requires grad).
+        names: each parameter's name, the same on every rank.
+        op, pre, post: the reduction (Average or Sum) and its scale factors.
+        compression: how a bucket travels (``Compression.none`` / ``fp16`` / ``bf16``).
+        process_set: the ranks that average their gradients.
+        first_cap, cap: the bytes at which a key's first bucket, and its later ones, close.
+        what: the API name for error messages.
+    """
+
+    def __init__(self, params: Sequence[torch.Tensor], names: dict[torch.Tensor, str], *, op: ReduceOp,
+                 pre: float, post: float, compression: Any, process_set: ProcessSet | None, first_cap: int,
+                 cap: int, what: str) -> None:
+        self.names = names
+        self.params = list(params)
+        self.op, self.pre, self.post = op, pre, post
+        self.compression = compression
+        self.process_set = process_set
+        self.what = what
+        self.first_cap, self.cap = first_cap, cap
+        self.arrived: list[torch.Tensor] = []  # arrival order in the first step, for the rebuild
+        self.sparse: list[torch.Tensor] = []  # members seen with sparse gradients, taken out at the rebuild
+        self.rebuilt = False
+        self.exchanges = 0  # allreduces started, for tests and benches
+        self._streams: dict[int, Any] = {}
+        self._build(self.params[::-1])
+
+    def _build(self, order: list[torch.Tensor]) -> None:
+        groups = assign(range(len(order)), [p.numel() * p.element_size() for p in order],
+                        [(p.device, p.dtype) for p in order], self.first_cap, self.cap)
+        self.buckets = [Bucket(n, [order[i] for i in g], [self.names[order[i]] for i in g])
+                        for n, g in enumerate(groups)]
+        self.slot = {p: (b, k) for b in self.buckets for k, p in enumerate(b.params)}
+        self.next = 0  # the next bucket to start
+        self.touched = False  # some member was marked in this step
+        self.checked = False  # the ranks agreed on these buckets
+
+    def __contains__(self, p: torch.Tensor) -> bool:
+        return p in self.slot
+
+    @property
+    def active(self) -> bool:
+        """True between the first marked gradient of a step and ``wait()``."""
+        return self.touched
+
+    # ---------------------------------------------------------------------------------------- marking
+    def ready(self, p: torch.Tensor, exclude: bool = False) -> None:
+        """``p``'s gradient is final for this step (``exclude``: it travels on its own, e.g. sparse)."""
+        if not self.rebuilt:
+            self.arrived.append(p)
+            if exclude:
+                self.sparse.append(p)
+        b, k = self.slot[p]
+        if exclude:
+            b.excluded.add(k)
+        b.missing -= 1
+        self.touched = True
+        if b.missing == 0 and b.index == self.next:
+            self._start_ready()
+
+    def flush(self) -> None:
+        """Start every bucket not started yet, with its members' current gradients (``synchronize()``)."""
+        for b in self.buckets[self.next:]:
+            b.missing = 0
+        self.touched = True
+        self._start_ready()
+
+    def _start_ready(self) -> None:
+        while self.next < len(self.buckets) and self.buckets[self.next].missing == 0:
+            self._start(self.buckets[self.next])
+            self.next += 1
+
+    # ---------------------------------------------------------------------------------------- exchange
+    def _check_layout(self) -> None:
+        """Before a layout's first exchange, make sure every rank built the same buckets (a collective).
+
+        The engine matches host buckets by name, so ranks with different buckets would wait for each other's
+        names forever; this turns that into ``MismatchError`` on every rank.
+        """
+        mine = hashlib.blake2b("|".join(b.name for b in self.buckets).encode(), digest_size=8).hexdigest()
+        every = core.allgather_object((mine, len(self.buckets)), name="horo.grad_bucket.layout",
+                                      process_set=self.process_set)
+        if any(d != mine for d, _ in every):
+            ranks = resolve(self.process_set, self.what).ranks
+            seen = "; ".join(f"rank {r}: {n} buckets, layout {d}" for r, (d, n) in zip(ranks, every))
+            raise MismatchError(
+                f"{self.what}: ranks built different gradient buckets: {seen}. HINT: every rank must pass the same "
+                "parameters (names, shapes, dtypes, order) and bucket sizes.")
+        self.checked = True
+
+    def _start(self, b: Bucket) -> None:
+        if not self.checked:
+            self._check_layout()
+        b.allocate()
+        srcs, dsts = [], []
+        for k, p in enumerate(b.params):
+            if k in b.excluded or (p.grad is None and not p.requires_grad):
+                b.views[k].zero_()
+                continue
+            if p.grad is None:  # unused on this rank in this step: it contributes zeros, and gets the average
+                p.grad = torch.zeros_like(p)
+            srcs.append(p.grad)
+            dsts.append(b.views[k])
+        with torch.no_grad():
+            if srcs:
+                torch._foreach_copy_(dsts, srcs)
+            b.wire, b.ctx = self.compression.compress(b.flat)
+        self.exchanges += 1
+        if b.wire.is_cuda:
+            self._start_device(b)
+        else:
+            self._start_engine(b)
+
+    def _start_engine(self, b: Bucket) -> None:
+        s = stage(b.wire, self.what, b.name)  # a zero-copy view: the wire buffer is contiguous
+        b.handle = core.allreduce_async_(s.array, name=b.name, op=self.op, prescale_factor=self.pre,
+                                         postscale_factor=self.post, process_set=self.process_set)
+
+    def _start_device(self, b: Bucket) -> None:
+        wire = b.wire
+        assert wire is not None
+        plan = b.plan
+        if plan is None or b.plan_for is not wire.dtype or not plan.usable():
+            plan = b.plan = self._plan(wire, b.name)
+            b.plan_for = wire.dtype
+        if plan is None:  # e.g. a custom compressor's integer wire: the engine's GPU path
+            self._start_engine(b)
+            return
+        dev = plan.device
+        side = self._side_stream(dev)
+        if b.ready_event is None:
+            b.ready_event, b.done_event = event(dev), event(dev)
+        current = prepared.raw_stream(dev)  # type: ignore[misc]
+
+        def side_waits() -> None:  # NCCL on the side stream starts after the copies queued so far
+            record(b.ready_event, current)
+            wait(side, b.ready_event)
+
+        if prepared.start(plan, wire, side, side_waits):
+            record(b.done_event, side)
+            b.handle = _DEVICE
+        else:
+            b.handle = None  # staged through the host already (joined ranks, or no NCCL)
+
+    def _plan(self, wire: torch.Tensor, name: str) -> PreparedAllreduce | None:
+        dtype = device_meta(wire).dtype
+        if not eligible(dtype, self.op, self.pre, self.post):
+            return None
+        ps = resolve(self.process_set, self.what)
+        return PreparedAllreduce(ps, dtype, tuple(wire.shape), name, self.op, self.pre, self.post,
+                                 wire.get_device(), self.what)
+
+    def _side_stream(self, device: int) -> int:
+        """The raw handle of this exchange's side stream on ``device`` (a torch stream, kept alive here)."""
+        s = self._streams.get(device)
+        if s is None:
+            s = self._streams[device] = torch.cuda.Stream(device=device)
+        return s.cuda_stream
+
+    def _finish(self, b: Bucket) -> None:
+        """Wait for one bucket and write its averaged gradients into the members' ``grad``."""
+        wire = b.wire
+        if b.handle is _DEVICE:
+            # torch's current stream waits for the side stream's NCCL work; the host does not block.
+            wait(prepared.raw_stream(b.plan.device), b.done_event)  # type: ignore[misc, union-attr]
+            prepared.finish(b.plan, wire)  # type: ignore[arg-type]
+        elif b.handle is not None:
+            core.synchronize(b.handle)
+        with torch.no_grad():
+            result = self.compression.decompress(wire, b.ctx)
+            views = b.views if result is b.flat else [
+                v.view(p.shape) for v, p in zip(result.split(b.numels), b.params)]
+            pairs = [(p.grad, v) for k, (p, v) in enumerate(zip(b.params, views))
+                     if k not in b.excluded and p.grad is not None]
+            if pairs:
+                torch._foreach_copy_([g for g, _ in pairs], [v for _, v in pairs])
+
+    def wait(self) -> None:
+        """Wait for every started bucket, write the results back; after the first step, rebuild once."""
+        first_error: BaseException | None = None
+        for b in self.buckets[:self.next]:
+            try:
+                self._finish(b)
+            except BaseException as exc:  # noqa: BLE001 - wait for the others first, then raise
+                first_error = first_error or exc
+        self._clear()
+        if first_error is not None:
+            raise first_error
+        if not self.rebuilt:
+            self._rebuild()
+
+    def reset(self, wait: bool) -> None:
+        """Forget this step; ``wait`` for the buckets in flight first (only where every rank resets)."""
+        if wait:
+            for b in self.buckets[:self.next]:
+                try:
+                    if b.handle is _DEVICE:
+                        wait(prepared.raw_stream(b.plan.device), b.done_event)  # type: ignore[misc, union-attr]
+                    elif b.handle is not None:
+                        core.synchronize(b.handle)
+                except Exception:  # noqa: BLE001, S110 - the result is discarded anyway
+                    pass
+        self._clear()
+
+    def _clear(self) -> None:
+        for b in self.buckets:
+            b.clear()
+        self.next = 0
+        self.touched = False
+
+    def _rebuild(self) -> None:
+        """Rebuild the buckets in the first rank's arrival order (a collective over the set, once)."""
+        self.rebuilt = True
+        mine = ([self.names[p] for p in self.arrived], [self.names[p] for p in self.sparse])
+        order_names, sparse_names = core.broadcast_object(mine, 0, name="horo.grad_bucket.order",
+                                                          process_set=self.process_set)
+        self.arrived, self.sparse = [], []
+        by_name = {self.names[p]: p for p in self.params}
+        skip = {by_name[n] for n in sparse_names if n in by_name}
+        order = [by_name[n] for n in dict.fromkeys(order_names) if n in by_name and by_name[n] not in skip]
+        seen = set(order) | skip
+        order += [p for p in self.params[::-1] if p not in seen]  # not seen on the first rank: last
+        current = [p for b in self.buckets for p in b.params]
+        if order and (len(order) != len(current) or any(a is not b for a, b in zip(order, current))):
+            self._build(order)
+        elif not order:
+            self.buckets, self.slot, self.next = [], {}, 0
