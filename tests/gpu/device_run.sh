@@ -14,7 +14,8 @@
 #   4. bench gpu: horo's NCCL path against raw NCCL calls and host staging;
 #   5. pytest tests/gpu.
 # Every step's output goes to OUTDIR/<step>.txt; OUTDIR/summary.txt collects the PASS/FAIL lines. Exit status:
-# 0 when every step ran and nothing failed.
+# 0 when every step ran and nothing failed. STEPS=name,name,... runs only those steps; lightning_profile
+# (tests/gpu/lightning_profile.py: where a Lightning ResNet-50 step spends its time) runs only when named there.
 set -u
 OUT=${1:?usage: tests/gpu/device_run.sh OUTDIR [--cpu]}
 MODE=${2:-gpu}
@@ -42,10 +43,12 @@ MPIEXEC=$(dirname "$PY")/mpiexec
 [ -x "$MPIEXEC" ] || MPIEXEC=mpiexec
 export PATH=$(dirname "$PY"):$PATH
 failed=0
+DEFAULT_STEPS=host_path,lightning_mlp,lightning_resnet50,torch_step,bench_gpu,pytest_gpu
 
 step() {  # step NAME SECONDS COMMAND...: run with a time limit, keep its output, note a failure
     local name=$1 limit=$2
     shift 2
+    case ",${STEPS:-$DEFAULT_STEPS}," in *",$name,"*) ;; *) return 0 ;; esac
     echo "=== $name ($(date -u +%H:%M:%S), limit ${limit}s): $*" | tee -a "$OUT/summary.txt"
     local t0=$SECONDS
     timeout -k 10 "$limit" "$@" > "$OUT/$name.txt" 2>&1
@@ -89,13 +92,15 @@ else
     step lightning_mlp 150 "$MPIEXEC" -n 1 "$PY" -m horo.bench lightning --accelerator gpu --model mlp \
         --steps 40 --warmup 5 --repeats 5 --variants horo,ddp --target 0.95
     step lightning_resnet50 150 "$MPIEXEC" -n 1 "$PY" -m horo.bench lightning --accelerator gpu --model resnet50 \
-        --batch-size 64 --steps 15 --warmup 5 --repeats 3 --variants horo,ddp --target 0.98
+        --batch-size 64 --steps 15 --warmup 5 --repeats 5 --variants horo,ddp --target 0.98
     step torch_step 120 "$MPIEXEC" -n 1 "$PY" -m horo.bench torch_step --device cuda --model resnet50 \
         --batch-size 64 --steps 10 --warmup 3 --repeats 5 --target 1.03
     step bench_gpu 90 "$MPIEXEC" -n 1 "$PY" -m horo.bench gpu --sizes 4KiB,64KiB,1MiB,16MiB,256MiB --repeats 5
-    step pytest_gpu 240 "$PY" -m pytest -q -p no:cacheprovider -x --timeout=200 tests/gpu
+    step pytest_gpu 240 "$PY" -m pytest -q -p no:cacheprovider --timeout=200 tests/gpu
+    step lightning_profile 150 "$MPIEXEC" -n 1 "$PY" tests/gpu/lightning_profile.py
 fi
-grep -a -E "passed|failed|error" "$OUT/pytest_gpu.txt" | tail -n 1 | tee -a "$OUT/summary.txt"
+[ -f "$OUT/pytest_gpu.txt" ] && grep -a -E "passed|failed|error" "$OUT/pytest_gpu.txt" | tail -n 1 \
+    | tee -a "$OUT/summary.txt"
 echo "=== done $(date -u +%H:%M:%S): $([ $failed = 0 ] && echo 'every step ran and passed' || echo 'some step FAILED')" \
     | tee -a "$OUT/summary.txt"
 exit $failed

@@ -71,7 +71,7 @@ def _module(model: str, width: int, layers: int) -> Any:
 class _Clock:
     """A Lightning callback timing steps warmup..end and reading the horo exchange's blocked time."""
 
-    def __new__(cls, warmup: int) -> Any:
+    def __new__(cls, warmup: int, last: int) -> Any:
         import pytorch_lightning as pl
 
         class Clock(pl.Callback):
@@ -79,18 +79,30 @@ class _Clock:
                 self.t0 = self.t1 = 0.0
                 self.wait0 = self.wait1 = 0.0
                 self.steps = 0
+                self.last = last
 
             def _wait(self, trainer: Any) -> float:
                 ex = getattr(trainer.strategy, "exchange", None)
                 return ex.wait_seconds if ex is not None else 0.0
 
+            def _now(self, trainer: Any) -> float:
+                # The device's queued work counts: without this a strategy whose host runs further ahead of the
+                # GPU would seem faster by up to a step.
+                root = trainer.strategy.root_device
+                if root.type == "cuda":
+                    import torch
+
+                    torch.cuda.synchronize(root)
+                return time.perf_counter()
+
             def on_train_batch_start(self, trainer: Any, *args: Any) -> None:
                 if trainer.global_step == warmup:
-                    self.t0, self.wait0 = time.perf_counter(), self._wait(trainer)
+                    self.t0, self.wait0 = self._now(trainer), self._wait(trainer)
 
             def on_train_batch_end(self, trainer: Any, *args: Any) -> None:
-                self.t1, self.wait1 = time.perf_counter(), self._wait(trainer)
-                self.steps = trainer.global_step - warmup
+                if trainer.global_step == self.last:
+                    self.t1, self.wait1 = self._now(trainer), self._wait(trainer)
+                    self.steps = trainer.global_step - warmup
 
         return Clock()
 
@@ -128,7 +140,7 @@ def main(argv: list[str]) -> int:
         strategy: Any = {"horo": lambda: HoroStrategy(),
                          "horo (no overlap)": lambda: HoroStrategy(overlap=False),
                          ddp: lambda: DDPStrategy(process_group_backend=ddp[5:-1])}[variant]()
-        clock = _Clock(args.warmup)
+        clock = _Clock(args.warmup, total_steps)
         trainer = pl.Trainer(strategy=strategy, accelerator=args.accelerator, devices=world, max_steps=total_steps,
                              logger=False, enable_checkpointing=False, enable_progress_bar=False,
                              enable_model_summary=False, callbacks=[clock])

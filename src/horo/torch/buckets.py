@@ -206,7 +206,9 @@ class Buckets:
             srcs.append(p.grad)
             dsts.append(b.views[k])
         with torch.no_grad():
-            if srcs:
+            if len(srcs) == 1:  # one dispatch fewer than the list form
+                dsts[0].copy_(srcs[0])
+            elif srcs:
                 torch._foreach_copy_(dsts, srcs)
             b.wire, b.ctx = self.compression.compress(b.flat)
         self.exchanges += 1
@@ -274,10 +276,16 @@ class Buckets:
             result = self.compression.decompress(wire, b.ctx)
             views = b.views if result is b.flat else [
                 v.view(p.shape) for v, p in zip(result.split(b.numels), b.params)]
-            pairs = [(p.grad, v) for k, (p, v) in enumerate(zip(b.params, views))
-                     if k not in b.excluded and p.grad is not None]
-            if pairs:
-                torch._foreach_copy_([g for g, _ in pairs], [v for _, v in pairs])
+            grads, results = [], []
+            for k, (p, v) in enumerate(zip(b.params, views)):
+                g = p.grad
+                if g is not None and k not in b.excluded:
+                    grads.append(g)
+                    results.append(v)
+            if len(grads) == 1:
+                grads[0].copy_(results[0])
+            elif grads:
+                torch._foreach_copy_(grads, results)
 
     def wait(self) -> None:
         """Wait for every started bucket, write the results back; after the first step, rebuild once."""

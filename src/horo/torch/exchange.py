@@ -113,7 +113,7 @@ class GradientExchange:
                                    pre=self.prescale, post=self.postscale, compression=compression,
                                    process_set=process_set, first_cap=first, cap=cap, what=what)
         self.marked: set[torch.Tensor] = set()  # parameters marked in their bucket in this step
-        self.exchanges = 0  # allreduces started (buckets and single parameters), for tests and benches
+        self.singles = 0  # allreduces of single parameters started
         self.hooks: dict[torch.Tensor, Any] = {}
         self.active = True  # hooks submit only while active
         self.fresh = False  # a hook fired since the last synchronize()
@@ -174,16 +174,14 @@ class GradientExchange:
         """Start ``p``'s exchange: mark it in its bucket, or allreduce it on its own."""
         buckets = self.buckets
         if buckets is not None and p in buckets:
-            sparse = p.grad is not None and p.grad.is_sparse
-            if not sparse:
+            g = p.grad
+            if g is None or not g.is_sparse:
                 self.marked.add(p)
-                before = buckets.exchanges
                 buckets.ready(p)
-                self.exchanges += buckets.exchanges - before
                 return
             buckets.ready(p, exclude=True)  # its slot travels as zeros; the gradient goes on its own below
         self.inflight[p] = self._submit_one(p)
-        self.exchanges += 1
+        self.singles += 1
 
     def _submit_one(self, p: torch.Tensor) -> _InFlight:
         sparse_dim = None
@@ -218,6 +216,11 @@ class GradientExchange:
         if f.sparse_dim is not None:  # the wrapped optimizer (e.g. SparseAdam) needs a sparse gradient back
             p.grad = f.grad.to_sparse(f.sparse_dim)
 
+    @property
+    def exchanges(self) -> int:
+        """Allreduces started so far (one per bucket and step, and one per parameter outside buckets)."""
+        return self.singles + (self.buckets.exchanges if self.buckets is not None else 0)
+
     def started(self, p: torch.Tensor) -> bool:
         """True once ``p``'s gradient was handed to the exchange in this step (its bucket, or on its own)."""
         return p in self.inflight or p in self.marked
@@ -238,9 +241,7 @@ class GradientExchange:
                 if p.requires_grad and p not in self.inflight and p not in self.marked:
                     self._submit(p)
             if buckets is not None:
-                before = buckets.exchanges
                 buckets.flush()
-                self.exchanges += buckets.exchanges - before
         except BaseException as exc:  # noqa: BLE001 - still drain what is in flight below
             first_error = exc
         t0 = time.perf_counter()
@@ -259,8 +260,7 @@ class GradientExchange:
         self.inflight.clear()
         self.marked.clear()
         self.fresh = False
-        for p in self.params:
-            self.delay[p] = self.backward_passes_per_step
+        self.delay = dict.fromkeys(self.params, self.backward_passes_per_step)
         self.add_hooks()
         if first_error is not None:
             raise first_error
