@@ -92,7 +92,7 @@ else
     step lightning_mlp 150 "$MPIEXEC" -n 1 "$PY" -m horo.bench lightning --accelerator gpu --model mlp \
         --steps 40 --warmup 5 --repeats 5 --variants horo,ddp --target 0.95
     step lightning_resnet50 150 "$MPIEXEC" -n 1 "$PY" -m horo.bench lightning --accelerator gpu --model resnet50 \
-        --batch-size 64 --steps 15 --warmup 5 --repeats 5 --variants horo,ddp --target 0.98
+        --batch-size 64 --steps 20 --warmup 5 --repeats 7 --variants horo,ddp --target 0.98
     step torch_step 120 "$MPIEXEC" -n 1 "$PY" -m horo.bench torch_step --device cuda --model resnet50 \
         --batch-size 64 --steps 10 --warmup 3 --repeats 5 --target 1.03
     step bench_gpu 90 "$MPIEXEC" -n 1 "$PY" -m horo.bench gpu --sizes 4KiB,64KiB,1MiB,16MiB,256MiB --repeats 5

@@ -116,7 +116,7 @@ def main(argv: list[str]) -> int:
     import torch
     from mpi4py import MPI
     from pytorch_lightning.strategies import DDPStrategy
-    from torch.utils.data import DataLoader, TensorDataset
+    from torch.utils.data import DataLoader
 
     import horo
     from horo.strategies import HoroStrategy
@@ -126,10 +126,13 @@ def main(argv: list[str]) -> int:
     world, rank = horo.size(), horo.rank()
     comm = MPI.COMM_WORLD
     total_steps = args.warmup + args.steps
-    # The same few batches again and again: loading is not what is measured.
-    x, y = models.batch(args.model, args.batch_size * world * 4, image_size=args.image_size)
-    reps = -(-total_steps // 4)
-    data = TensorDataset(x.repeat(reps, *([1] * (x.dim() - 1))), y.repeat(reps))
+    # Four ready batches per rank, already on the rank's device, served again and again: the input pipeline
+    # (collating a ResNet batch alone costs ~12 ms of one core) is not what this bench measures.
+    where = torch.device("cuda", horo.local_rank() % torch.cuda.device_count()) if args.accelerator == "gpu" \
+        else torch.device("cpu")
+    ready = [models.batch(args.model, args.batch_size, image_size=args.image_size, seed=4 * rank + i, device=where)
+             for i in range(4)]
+    data = [ready[i % 4] for i in range(total_steps)]
     params = sum(p.numel() for p in _module(args.model, args.width, args.layers).parameters())
 
     ddp = "ddp (nccl)" if args.accelerator == "gpu" else "ddp (gloo)"
@@ -142,9 +145,10 @@ def main(argv: list[str]) -> int:
                          ddp: lambda: DDPStrategy(process_group_backend=ddp[5:-1])}[variant]()
         clock = _Clock(args.warmup, total_steps)
         trainer = pl.Trainer(strategy=strategy, accelerator=args.accelerator, devices=world, max_steps=total_steps,
+                             use_distributed_sampler=False,  # each rank has its own batches already
                              logger=False, enable_checkpointing=False, enable_progress_bar=False,
                              enable_model_summary=False, callbacks=[clock])
-        trainer.fit(_module(args.model, args.width, args.layers), DataLoader(data, batch_size=args.batch_size))
+        trainer.fit(_module(args.model, args.width, args.layers), DataLoader(data, batch_size=None))
         seconds = clock.t1 - clock.t0
         wait = (clock.wait1 - clock.wait0) / max(clock.steps, 1)
         worst = comm.allreduce(seconds / max(clock.steps, 1), op=MPI.MAX)
