@@ -329,7 +329,7 @@ def load_cupy() -> tuple[Any, Any]:
     except ImportError as exc:
         raise ImportError(
             "NCCL collectives need CuPy. Received: no importable 'cupy' module. "
-            "HINT: pip install 'horo[nccl]' on a CUDA 12 machine."
+            "HINT: pip install 'horo[nccl]' on a CUDA 13 machine, 'horo[nccl-cuda12]' on CUDA 12."
         ) from exc
     import warnings
 
@@ -339,7 +339,7 @@ def load_cupy() -> tuple[Any, Any]:
     if not getattr(nccl, "available", True):
         raise ImportError(
             f"CuPy {cupy.__version__} cannot load the NCCL library. Received: cupy.cuda.nccl.available=False. "
-            "HINT: pip install 'nvidia-nccl-cu12>=2.18' (CuPy's wheels do not bundle NCCL)."
+            "HINT: pip install 'nvidia-nccl-cu13' ('nvidia-nccl-cu12' on CUDA 12): CuPy's wheels do not bundle NCCL."
         )
     _LOADED.append((cupy, nccl))
     return cupy, nccl
