@@ -56,7 +56,8 @@ def _torch_cuda() -> bool:
         return False
 
 
-needs_nccl = pytest.mark.skipif(not _nccl_loadable(), reason="CuPy cannot load libnccl (pip install nvidia-nccl-cu13, or -cu12 on CUDA 12)")
+needs_nccl = pytest.mark.skipif(not _nccl_loadable(),
+                                reason="CuPy cannot load libnccl (pip install nvidia-nccl-cu13, or -cu12 on CUDA 12)")
 
 
 def launch(n: int, *args: str, env: dict[str, str] | None = None, timeout: float = 600) -> str:

@@ -204,7 +204,8 @@ def _need_cupy(what: str) -> Any:
     if cp is None:
         raise TypeError(
             f"{what} needs CuPy to read GPU memory. Received: no usable 'cupy' (not installed or no CUDA "
-            "device). HINT: pip install 'horo[nccl]' (CUDA 13; 'horo[nccl-cuda12]' on CUDA 12), or move the tensor to the host."
+            "device). HINT: pip install 'horo[nccl]' (CUDA 13; 'horo[nccl-cuda12]' on CUDA 12), or move the "
+            "tensor to the host."
         )
     return cp
 
