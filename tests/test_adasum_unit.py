@@ -1,4 +1,4 @@
-"""horo.core.adasum's local arithmetic (one process): the pairwise rule per segment over work blocks.
+"""horo.core.transport.adasum's local arithmetic (one process): the pairwise rule per segment over work blocks.
 
 The MPI suites (tests/mpi/test_adasum.py at 1-6 ranks) test the whole reduction against the float64
 reference; these pin the block machinery: tensors cut across blocks and ``ddot`` slices, many small tensors
@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from horo.core import adasum, blas
+from horo.core.transport import adasum, blas
 
 sys.path.insert(0, str(Path(__file__).parent / "mpi"))
 from adasum_ref import pair  # noqa: E402
@@ -26,7 +26,7 @@ DTYPES = list(RTOL)
 def blocks(request, monkeypatch):
     """Tiny blocks and ddot slices make every cut happen on small inputs; then the real sizes.
 
-    The numpy path is the one taken where numpy carries no OpenBLAS (see horo.core.blas).
+    The numpy path is the one taken where numpy carries no OpenBLAS (see horo.core.transport.blas).
     """
     if request.param.endswith("numpy path"):
         monkeypatch.setattr(blas, "KERNELS", None)

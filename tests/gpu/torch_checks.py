@@ -38,8 +38,8 @@ def main(argv: list[str]) -> int:
     expect = argv[0]
     import horo
     import horo.torch as hvd
-    from horo.core import nccl
-    from horo.core.process_sets import global_process_set
+    from horo.core.api.process_sets import global_process_set
+    from horo.core.transport import nccl
 
     hvd.init()
     n, me = hvd.size(), hvd.rank()
@@ -158,7 +158,7 @@ def main(argv: list[str]) -> int:
 
     # A burst of async allreduces, all pending in one round: they run as NCCL groups, one per reduction
     # (backends.gpu._run_allreduces), in place and out of place, dtypes mixed.
-    from horo.core.backends import gpu as gpu_backend
+    from horo.core.api.backends import gpu as gpu_backend
 
     groups: list[int] = []
     plain_run = gpu_backend._run_allreduces

@@ -180,7 +180,7 @@ def test_many_unnamed_async(hvd, world, rank):
 def test_names_that_waited_for_a_peer_leave_no_bookkeeping(hvd, world, rank):
     """The stall inspector's per-name records end with the wait: unnamed ops (a new name each) that waited
     for a late rank in some rounds must not pile up in the engine, whether or not a timeline records."""
-    from horo.core.process_sets import global_process_set
+    from horo.core.api.process_sets import global_process_set
 
     eng = global_process_set.engine
     inspect, waited = eng._inspect, []
@@ -227,8 +227,8 @@ def test_synchronize_unknown_handle_raises(hvd):
 def test_a_deferred_submission_starts_without_synchronize(hvd, world, rank):
     """While callers run their own rounds, a submission leaves the engine thread asleep (engine.submit).
     The engine must still start that op by itself within its grace period, not at the idle tick."""
-    from horo.core import engine
-    from horo.core.process_sets import global_process_set
+    from horo.core.api.process_sets import global_process_set
+    from horo.core.scheduling import engine
 
     eng = global_process_set.engine
     saved = eng.idle_s
@@ -296,7 +296,7 @@ def _few_timed_waits(hvd, world, rank, name, make_counting, finish, late_s):
     to ``finish``; ``make_counting(eng)`` wraps the engine's condition to count the waits of interest.
     Checks the sums, and that in all trials but one (a busy machine may take the core from a rank for longer
     than a spin) no counted wait happened."""
-    from horo.core.process_sets import global_process_set
+    from horo.core.api.process_sets import global_process_set
 
     eng = global_process_set.engine
     x = np.zeros(8)
@@ -355,8 +355,8 @@ def test_a_submission_during_an_idle_round_is_seen_at_once(hvd, world, rank):
     """A submission made while the engine thread waits in an idle round (one rank ticked, the others not
     yet) must cut that round's slow polling short, even when its caller ran the last round itself: the
     deferral left it to the next poll, a whole cycle later."""
-    from horo.core import engine
-    from horo.core.process_sets import global_process_set
+    from horo.core.api.process_sets import global_process_set
+    from horo.core.scheduling import engine
 
     eng = global_process_set.engine
     saved = eng.idle_s
@@ -425,7 +425,7 @@ def test_a_caller_that_starts_waiting_between_two_polls_is_not_missed(hvd, world
 def test_submit_then_synchronize_of_one_cached_op_runs_its_round_alone(hvd, world, rank):
     """The steady state (one cached name pending, no flag) takes the engine's short round; its results are
     those of the general one."""
-    from horo.core.process_sets import global_process_set
+    from horo.core.api.process_sets import global_process_set
 
     eng = global_process_set.engine
     x = np.zeros(1000, np.float32)
@@ -450,7 +450,7 @@ def test_a_lone_op_meets_ranks_with_more_pending(hvd, world, rank):
     """Rank 0 runs a cached name alone while the others also have a second one pending: its short round sees
     their different headers and falls back to the general one, which runs the first name and leaves the second
     waiting, with the right values."""
-    from horo.core.process_sets import global_process_set
+    from horo.core.api.process_sets import global_process_set
 
     eng = global_process_set.engine
     a, b = np.full(5, rank + 1.0), np.full(3, 10.0 * (rank + 1))

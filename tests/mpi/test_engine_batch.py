@@ -11,9 +11,9 @@ from mpi4py import MPI
 
 
 def test_a_round_runs_equal_batch_keys_together(hvd, world, rank):
-    from horo.core import engine
-    from horo.core.collectives import allreduce_sig
-    from horo.core.process_sets import global_process_set
+    from horo.core.api.collectives import allreduce_sig
+    from horo.core.api.process_sets import global_process_set
+    from horo.core.scheduling import engine
 
     eng = global_process_set.engine
     groups: list[list[str]] = []

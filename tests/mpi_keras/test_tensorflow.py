@@ -190,7 +190,7 @@ def test_16bit_gradients_are_summed_in_float32_by_tf(hvd, world, rank, tf_backen
 
 def test_16bit_layout_mismatch_raises_on_every_rank(hvd, world, rank, tf_backend):
     import horo.tensorflow as htf
-    from horo.core.errors import MismatchError
+    from horo.core.base.errors import MismatchError
     from horo.plugins.tensorflow import reduce_gradients
 
     if world == 1:

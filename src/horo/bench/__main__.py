@@ -7,7 +7,7 @@ import importlib.util
 import sys
 
 from horo.bench import BENCHES
-from horo.core.config import launcher_rank0 as _is_rank0
+from horo.core.base.config import launcher_rank0 as _is_rank0
 
 
 def _present(name: str) -> bool:

@@ -50,7 +50,7 @@ from horo.bench._util import (
     parse_sizes,
     time_interleaved,
 )
-from horo.core.comms import duplicate
+from horo.core.transport.comms import duplicate
 
 RATIO_FROM = 1 << 20  # bandwidth target applies from this size up
 SMALL_UP_TO = 64 << 10  # latency target applies up to this size

@@ -31,7 +31,7 @@ import numpy as np
 
 from horo.bench import plot
 from horo.bench._util import env_summary, fmt_f, fmt_size, limit_threads, md_table, parse_size
-from horo.core.comms import duplicate
+from horo.core.transport.comms import duplicate
 
 TARGET = 1.10
 _KNOB_ENV = ("HORO_FUSION_THRESHOLD", "HORO_CYCLE_TIME", "HORO_CHUNK_BYTES", "HORO_CACHE_CAPACITY",
@@ -90,7 +90,7 @@ def main(argv: list[str]) -> int:
 
     import horo
     from horo.bench.fusion import GradSet, _check, _engine_step
-    from horo.core.process_sets import global_process_set
+    from horo.core.api.process_sets import global_process_set
 
     comm = duplicate(MPI.COMM_WORLD)
     n, rank = comm.Get_size(), comm.Get_rank()

@@ -47,7 +47,7 @@ from horo.bench._util import (
     parse_size,
     time_interleaved,
 )
-from horo.core.comms import duplicate
+from horo.core.transport.comms import duplicate
 
 ENGINE_TARGET = 1.15
 OUT_OF_PLACE_TARGET = 1.3  # issue 15: fresh results each step, against raw in-place per tensor

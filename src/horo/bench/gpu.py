@@ -40,7 +40,7 @@ from horo.bench._util import (
     parse_sizes,
     time_interleaved,
 )
-from horo.core.comms import duplicate
+from horo.core.transport.comms import duplicate
 
 NEEDS = "horo.bench gpu: needs the nccl extra and a GPU (pip install 'horo[nccl]' on a CUDA machine); skipping."
 DTYPES = ("float32", "float16", "float64", "int32", "int64", "uint8")
@@ -96,8 +96,9 @@ def main(argv: list[str]) -> int:
     from mpi4py import MPI
 
     import horo
-    from horo.core import collectives, device, nccl
-    from horo.core.process_sets import global_process_set
+    from horo.core.api import collectives
+    from horo.core.api.process_sets import global_process_set
+    from horo.core.transport import device, nccl
 
     horo.init()
     torch_cuda = False

@@ -22,7 +22,7 @@ import numpy as np
 
 from horo.bench._util import busbw, env_summary, fmt_size, limit_threads, md_table, time_interleaved
 from horo.bench.fusion import resnet50_shapes
-from horo.core.comms import duplicate
+from horo.core.transport.comms import duplicate
 
 __all__ = ["main", "wire_floor"]
 
@@ -55,8 +55,8 @@ def main(argv: list[str]) -> int:
         raise ValueError(f"--scale must be in (0, 1]. Received: scale={args.scale!r}. HINT: --scale 0.25")
     limit_threads()
     import horo
-    from horo.core import hierarchy
-    from horo.core.config import config
+    from horo.core.base.config import config
+    from horo.core.transport import hierarchy
 
     horo.init()
     from mpi4py import MPI

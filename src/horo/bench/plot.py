@@ -68,7 +68,7 @@ def check_arg(path: str | None, prog: str) -> bool:
     try:
         check(path)
     except PlotError as exc:
-        from horo.core.config import launcher_rank0
+        from horo.core.base.config import launcher_rank0
 
         if launcher_rank0():
             import sys

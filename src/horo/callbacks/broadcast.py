@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..core.process_sets import ProcessSet
+from ..core.api.process_sets import ProcessSet
 from ..keras.collectives import broadcast_variables, model_and_optimizer_variables
 from ._base import Callback
 

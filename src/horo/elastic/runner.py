@@ -31,8 +31,8 @@ from typing import Any, TypeVar
 import numpy as np
 
 from .. import core
-from ..core.errors import HoroInternalError
-from ..core.state import state as rt
+from ..core.base.errors import HoroInternalError
+from ..core.base.state import state as rt
 from . import world
 from .errors import ElasticError, HostsUpdatedInterrupt
 

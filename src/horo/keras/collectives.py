@@ -8,8 +8,8 @@ from typing import Any
 import numpy as np
 
 from .. import core
-from ..core.compression import Compression
-from ..core.process_sets import ProcessSet
+from ..core.api.compression import Compression
+from ..core.api.process_sets import ProcessSet
 from ..plugins.packing import broadcast_arrays
 from .optimizer import import_keras
 

@@ -19,9 +19,9 @@ from typing import Any
 import numpy as np
 
 from .. import core
-from ..core.mpi_ops import ALIGN, aligned_view
-from ..core.ops import Adasum, Average, ReduceOp, Sum
-from ..core.process_sets import ProcessSet, resolve
+from ..core.api.process_sets import ProcessSet, resolve
+from ..core.base.ops import Adasum, Average, ReduceOp, Sum
+from ..core.transport.mpi_ops import ALIGN, aligned_view
 
 __all__ = ["ALIGN", "FusedAllreduce", "layout_name"]
 

@@ -1,7 +1,7 @@
 """16-bit gradient exchange whose float32 arithmetic runs in the framework, not in numpy.
 
 For ``Compression.fp16`` / ``.bf16`` the core could reduce the 16-bit buffer itself, but numpy has no
-vectorised float16 conversion (``horo.core.half`` is steady, yet ~10x slower than TF's or torch's casts).
+vectorised float16 conversion (``horo.core.base.half`` is steady, yet ~10x slower than TF's or torch's casts).
 So the reduction is split around two collectives: ``scatter`` (an alltoall) hands every rank its 1/size
 share of everyone's 16-bit gradients, the framework sums that share in float32, scales it and rounds it
 once, and ``gather`` (an allgather of the 16-bit shares) completes the result. The wire carries 16 bits
@@ -16,9 +16,9 @@ from collections.abc import Sequence
 import numpy as np
 
 from .. import core
-from ..core.mpi_ops import scatter_counts
-from ..core.ops import Average, ReduceOp, Sum
-from ..core.process_sets import ProcessSet, resolve
+from ..core.api.process_sets import ProcessSet, resolve
+from ..core.base.ops import Average, ReduceOp, Sum
+from ..core.transport.mpi_ops import scatter_counts
 from .fused import layout_name
 
 __all__ = ["HalfExchange", "WIRE_DTYPES"]

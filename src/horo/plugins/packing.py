@@ -8,7 +8,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from .. import core
-from ..core.process_sets import ProcessSet
+from ..core.api.process_sets import ProcessSet
 
 __all__ = ["broadcast_arrays"]
 

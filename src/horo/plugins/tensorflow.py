@@ -14,10 +14,10 @@ from typing import Any
 import numpy as np
 
 from .. import core
-from ..core.compression import Compression
-from ..core.dtypes import check_dtype
-from ..core.ops import Adasum, Average, ReduceOp, Sum, resolve_op
-from ..core.process_sets import ProcessSet, resolve
+from ..core.api.compression import Compression
+from ..core.api.process_sets import ProcessSet, resolve
+from ..core.base.dtypes import check_dtype
+from ..core.base.ops import Adasum, Average, ReduceOp, Sum, resolve_op
 from .fused import FusedAllreduce
 from .half_exchange import WIRE_DTYPES, HalfExchange
 from .packing import broadcast_arrays

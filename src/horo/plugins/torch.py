@@ -21,9 +21,9 @@ except ImportError as exc:  # pragma: no cover - depends on the installed extras
         "for Lightning too)."
     ) from exc
 
-from ..core import device as core_device
-from ..core.dtypes import BFLOAT16
-from ..core.errors import HoroTypeError
+from ..core.base.dtypes import BFLOAT16
+from ..core.base.errors import HoroTypeError
+from ..core.transport import device as core_device
 
 __all__ = ["SUPPORTED_DTYPES", "Staged", "check_tensor", "stage", "to_tensor"]
 

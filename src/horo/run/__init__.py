@@ -5,7 +5,7 @@ Usage: ``hororun -np N [-H host1:2,host2:2 | --hostfile F] [--timeline-filename 
 [--hierarchical-allgather] [--verbose] [--mpiexec PATH] python train.py ...``; also ``python -m horo.run``.
 Process management is mpiexec's; hororun adds Horovod's flags, a hook that makes a failing rank end the whole
 job fast, and clean-up so no rank outlives the job. Horovod's ``HOROVOD_*`` tuning variables work as they are
-(see ``horo.core.config``); TensorFlow's C++ start-up banners are kept off unless ``--verbose``.
+(see ``horo.core.base.config``); TensorFlow's C++ start-up banners are kept off unless ``--verbose``.
 """
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from horo.core import mpi_env
-from horo.core.config import horo_name
+from horo.core.base.config import horo_name
+from horo.core.transport import mpi_env
 from horo.run.args import UsageError, parse_args
 from horo.run.hosts import (
     HostParseError,

@@ -158,7 +158,7 @@ def autotune_env(ns: argparse.Namespace) -> dict[str, str]:
         value = getattr(ns, attr, None)
         if value is not None:
             env[var] = os.path.abspath(value) if var in ("HORO_AUTOTUNE_LOG", "HORO_AUTOTUNE_CACHE") else value
-    from horo.core.autotune.settings import read_options
+    from horo.core.scheduling.autotune.settings import read_options
 
     try:
         read_options(env)

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..core.compression import Compression
-from ..core.ops import Average
-from ..core.process_sets import global_process_set
+from ..core.api.compression import Compression
+from ..core.api.process_sets import global_process_set
+from ..core.base.ops import Average
 from ..plugins import tensorflow as tfp
 from ..plugins.grad_settings import Settings, make_settings
 

@@ -20,8 +20,8 @@ from typing import Any
 import torch
 
 from .. import core
-from ..core.ops import Adasum
-from ..core.process_sets import ProcessSet
+from ..core.api.process_sets import ProcessSet
+from ..core.base.ops import Adasum
 from ..plugins.torch import Staged, stage
 from .compression import Compressor
 

@@ -23,8 +23,8 @@ import torch
 from torch.autograd.function import FunctionCtx
 
 from .. import core
-from ..core.ops import Average, ReduceOp, Sum, resolve_op
-from ..core.process_sets import ProcessSet
+from ..core.api.process_sets import ProcessSet
+from ..core.base.ops import Average, ReduceOp, Sum, resolve_op
 from ..plugins.torch import stage
 from .compression import Compression, Compressor
 

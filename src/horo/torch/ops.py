@@ -14,9 +14,9 @@ import numpy as np
 import torch
 
 from .. import core
-from ..core.errors import HoroTypeError
-from ..core.ops import Average, ReduceOp, Sum, resolve_op
-from ..core.process_sets import ProcessSet, resolve
+from ..core.api.process_sets import ProcessSet, resolve
+from ..core.base.errors import HoroTypeError
+from ..core.base.ops import Average, ReduceOp, Sum, resolve_op
 from ..plugins.torch import Staged, stage
 from . import prepared
 

@@ -13,10 +13,10 @@ from typing import Any
 
 import torch
 
-from ..core.checks import allreduce_args, name_arg
-from ..core.device import device_meta
-from ..core.prepared import PreparedAllreduce, eligible
-from ..core.process_sets import ProcessSet
+from ..core.api.checks import allreduce_args, name_arg
+from ..core.api.gpu_prepared import PreparedAllreduce, eligible
+from ..core.api.process_sets import ProcessSet
+from ..core.transport.device import device_meta
 
 __all__ = ["allreduce_", "finish", "raw_stream", "remember", "start"]
 

@@ -9,7 +9,7 @@ from typing import Any
 import torch
 
 from .. import core
-from ..core.process_sets import ProcessSet
+from ..core.api.process_sets import ProcessSet
 from ..plugins.packing import broadcast_arrays
 from ..plugins.torch import stage, to_tensor
 

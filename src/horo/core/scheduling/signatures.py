@@ -13,9 +13,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from .device import DeviceMeta
+from ..base.ops import ReduceOp
+from ..transport.device import DeviceMeta
 from .negotiation import Signature
-from .ops import ReduceOp
 
 __all__ = [
     "DEVICE_FIELD", "IN_PLACE_FIELD", "allgather_sig", "allreduce_sig", "alltoall_sig", "broadcast_sig", "grouped_sig",

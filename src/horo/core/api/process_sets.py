@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from .comms import duplicate
-from .state import require_init, state
+from ..base.state import require_init, state
+from ..transport.comms import duplicate
 
 __all__ = ["ProcessSet", "global_process_set", "add_process_set", "remove_process_set", "resolve"]
 
@@ -94,7 +94,7 @@ def add_process_set(process_set: ProcessSet | Sequence[int]) -> ProcessSet:
     """Register a process set; a collective over all ranks, which must call it in the same order."""
     from mpi4py import MPI
 
-    from .negotiation import agree
+    from ..scheduling.negotiation import agree
 
     st = require_init("add_process_set()")
     ps = process_set if isinstance(process_set, ProcessSet) else ProcessSet(process_set)
@@ -114,7 +114,7 @@ def add_process_set(process_set: ProcessSet | Sequence[int]) -> ProcessSet:
     me = st.world.Get_rank()
     comm = st.world.Split(0 if me in ps.ranks else MPI.UNDEFINED, key=me)
     if comm != MPI.COMM_NULL:
-        from .engine import Engine
+        from ..scheduling.engine import Engine
 
         ps.comm = comm
         ps.engine_comm = duplicate(comm)
@@ -127,7 +127,7 @@ def add_process_set(process_set: ProcessSet | Sequence[int]) -> ProcessSet:
 
 def remove_process_set(process_set: ProcessSet) -> bool:
     """Unregister a process set (collective over all ranks). Returns False if it was not registered."""
-    from .negotiation import agree
+    from ..scheduling.negotiation import agree
 
     st = require_init("remove_process_set()")
     if not isinstance(process_set, ProcessSet):
@@ -148,7 +148,7 @@ def release(ps: ProcessSet) -> None:
     if ps.engine is not None:
         ps.engine.stop()
         ps.engine = None
-    from . import hierarchy, nccl
+    from ..transport import hierarchy, nccl
 
     for comm in (ps.engine_comm, ps.comm):
         if comm is not None:

@@ -13,7 +13,7 @@ does): three float32 passes instead of widening both vectors again, about a thir
 time. The error stays within a few float32 ulps of the vectors' magnitude; the sums and coefficients are
 float64 as above, and every rank still ends with the same bits.
 
-Where numpy carries OpenBLAS (its PyPI wheels do), float32 and float64 run on it (horo.core.blas): the sums
+Where numpy carries OpenBLAS (its PyPI wheels do), float32 and float64 run on it (horo.core.transport.blas): the sums
 by ``dsdot``/``ddot`` on the tensor's own memory, the combination by one ``?axpby`` pass. On this machine
 that halved the arithmetic (12.8 M float32 pairs: 23 ms against 45-55 ms). ``dsdot`` rounds each float32
 product to float32 before its float64 sum, where Horovod 0.28.1 widens first: that stays within float32's
@@ -50,7 +50,8 @@ from typing import Any
 
 import numpy as np
 
-from . import blas, half
+from ..base import half
+from . import blas
 
 __all__ = ["adasum_into", "pairwise", "SQRT_DBL_MIN", "fold_plan", "traffic"]
 

@@ -6,7 +6,7 @@ from typing import Any
 
 import numpy as np
 
-from .dtypes import BFLOAT16
+from ..base.dtypes import BFLOAT16
 
 __all__ = ["Compression", "Compressor", "NoneCompressor", "FP16Compressor", "BF16Compressor"]
 

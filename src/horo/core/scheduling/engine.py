@@ -28,16 +28,18 @@ from typing import Any
 
 import numpy as np
 
-from . import mpi_ops, pieces, watchdog
+from ..base import watchdog
+from ..base.config import config
+from ..base.errors import HoroError, HoroInternalError, MismatchError, StallError
+from ..base.fault import is_process_failure, process_failure
+from ..base.ops import ReduceOp
+from ..base.state import state
+from ..base.timeline import timeline
+from ..base.watchdog import blocking
+from ..transport import mpi_ops
+from . import pieces
 from .autotune.settings import Knobs
-from .config import config
-from .errors import HoroError, HoroInternalError, MismatchError, StallError
-from .fault import is_process_failure, process_failure
 from .negotiation import BLOCKED, JOIN, Signature, format_mismatch, joinable
-from .ops import ReduceOp
-from .state import state
-from .timeline import timeline
-from .watchdog import blocking
 
 __all__ = ["Engine", "Request", "submit", "poll", "synchronize", "auto_name"]
 
@@ -682,7 +684,7 @@ class Engine:
         sig = self.cache_sigs[bit] if bit is not None else self.sig_of[name]
         f = dict(sig)
         if f.get("device"):  # GPU ranks issue one unfused call per name: mirror it exactly
-            from .backends.gpu import joined_zeros_run
+            from ..api.backends.gpu import joined_zeros_run
 
             return Request(name, sig, joined_zeros_run(f))
         in_place = bool(f.get("in_place"))  # the others' form (signatures.py): out of place may go round the ring
@@ -690,7 +692,7 @@ class Engine:
             z = np.zeros(f["shape"], dtype=f["dtype"])
             return Request(name, sig, send=z, out=z if in_place else np.zeros_like(z), op=f["op"],
                            pre=f["prescale_factor"], post=f["postscale_factor"])
-        from .backends.host import reduce_group
+        from ..api.backends.host import reduce_group
 
         arrs = [np.zeros(shape, dtype=d) for shape, d in zip(f["shapes"], f["dtypes"])]
         return Request(name, sig, lambda comm: reduce_group(comm, arrs, f["op"], f["prescale_factor"],

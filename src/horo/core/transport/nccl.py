@@ -33,10 +33,10 @@ from typing import Any
 
 import numpy as np
 
-from .dtypes import BFLOAT16
-from .errors import HoroError, HoroInternalError
-from .ops import Average, Max, Min, Product, ReduceOp, Sum
-from .scaling import finish_reduction, scale_into
+from ..base.dtypes import BFLOAT16
+from ..base.errors import HoroError, HoroInternalError
+from ..base.ops import Average, Max, Min, Product, ReduceOp, Sum
+from ..base.scaling import finish_reduction, scale_into
 
 __all__ = [
     "NCCL_DTYPE_CODES",
@@ -735,7 +735,7 @@ def grouped_allreduce_into(be: NcclBackend, sends: Sequence[Any], outs: Sequence
                            stream=stream)
         return outs
     if threshold is None:
-        from .config import config
+        from ..base.config import config
 
         threshold = config.int("HORO_NCCL_FUSION_THRESHOLD")
     limit = threshold

@@ -14,7 +14,20 @@ from typing import Any
 
 import numpy as np
 
-from . import backends, mpi_ops, repeat
+from ..base.errors import MismatchError
+from ..base.fault import guard
+from ..base.ops import Average
+from ..scheduling.negotiation import JOIN, agree, agree_reduce, exchange, format_mismatch, joinable
+from ..scheduling.signatures import (
+    allgather_sig,
+    allreduce_sig,
+    alltoall_sig,
+    broadcast_sig,
+    grouped_sig,
+    reducescatter_sig,
+)
+from ..transport import mpi_ops
+from . import backends, repeat
 from .backends.host import reduce_group
 from .checks import (
     allgather_args,
@@ -27,12 +40,7 @@ from .checks import (
     reducescatter_args,
     root_arg,
 )
-from .errors import MismatchError
-from .fault import guard
-from .negotiation import JOIN, agree, agree_reduce, exchange, format_mismatch, joinable
-from .ops import Average
 from .process_sets import ProcessSet, resolve
-from .signatures import allgather_sig, allreduce_sig, alltoall_sig, broadcast_sig, grouped_sig, reducescatter_sig
 
 __all__ = [
     "allreduce", "allreduce_", "grouped_allreduce", "grouped_allreduce_", "allgather", "grouped_allgather",

@@ -25,10 +25,10 @@ from typing import Any
 
 import numpy as np
 
-from .. import device, mpi_ops, nccl
-from ..engine import Request
-from ..negotiation import Signature
-from ..ops import Adasum, ReduceOp
+from ...base.ops import Adasum, ReduceOp
+from ...scheduling.engine import Request
+from ...scheduling.negotiation import Signature
+from ...transport import device, mpi_ops, nccl
 from ..process_sets import ProcessSet
 from .host import reduce_group
 

@@ -7,11 +7,11 @@ from typing import Any
 
 import numpy as np
 
-from . import device
-from .device import DeviceMeta
-from .dtypes import BFLOAT16, as_host_array
-from .errors import HoroTypeError, HoroValueError
-from .ops import Adasum, Average, ReduceOp, Sum, resolve_op
+from ..base.dtypes import BFLOAT16, as_host_array
+from ..base.errors import HoroTypeError, HoroValueError
+from ..base.ops import Adasum, Average, ReduceOp, Sum, resolve_op
+from ..transport import device
+from ..transport.device import DeviceMeta
 from .process_sets import ProcessSet, resolve
 
 __all__ = ["host", "operand", "operands", "name_arg", "scale_arg", "reduce_args", "root_arg", "splits_arg",

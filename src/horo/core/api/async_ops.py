@@ -11,7 +11,18 @@ from typing import Any
 
 import numpy as np
 
-from . import backends, mpi_ops, repeat
+from ..base.ops import Average
+from ..scheduling.engine import Request, auto_name, poll, submit, synchronize
+from ..scheduling.signatures import (
+    allgather_sig,
+    allreduce_sig,
+    alltoall_sig,
+    broadcast_sig,
+    grouped_sig,
+    reducescatter_sig,
+)
+from ..transport import mpi_ops
+from . import backends, repeat
 from .checks import (
     allgather_args,
     allreduce_args,
@@ -21,10 +32,7 @@ from .checks import (
     name_arg,
     reducescatter_args,
 )
-from .engine import Request, auto_name, poll, submit, synchronize
-from .ops import Average
 from .process_sets import ProcessSet
-from .signatures import allgather_sig, allreduce_sig, alltoall_sig, broadcast_sig, grouped_sig, reducescatter_sig
 
 __all__ = [
     "allreduce_async", "allreduce_async_", "grouped_allreduce_async", "grouped_allreduce_async_",

@@ -11,9 +11,9 @@ import traceback
 from collections.abc import Sequence
 from typing import Any
 
-from .comms import connect_pairs, duplicate, singleton_segments
+from ..base.state import require_init, state
+from ..transport.comms import connect_pairs, duplicate, singleton_segments
 from .process_sets import ProcessSet, add_process_set, global_process_set, release
-from .state import require_init, state
 
 __all__ = [
     "init", "shutdown", "is_initialized", "size", "rank", "local_size", "local_rank", "cross_size",
@@ -36,7 +36,7 @@ def init(comm: Any = None, process_sets: Sequence[ProcessSet] | None = None) -> 
     global _atexit_registered
     if state.initialized:
         return
-    from . import mpi_env
+    from ..transport import mpi_env
 
     mpi_env.before_init()  # Open MPI reads it in MPI_Init, which this import may run
     from mpi4py import MPI
@@ -66,14 +66,14 @@ def init(comm: Any = None, process_sets: Sequence[ProcessSet] | None = None) -> 
     world = duplicate(base)
     # Errors as exceptions, whatever the caller's handler: a dead peer must surface (see core.fault).
     world.Set_errhandler(MPI.ERRORS_RETURN)
-    from .config import share
+    from ..base.config import share
 
     share(world)  # before any engine exists: they read the agreed values
-    from .autotune import setup as autotune_setup
-    from .engine import Engine
+    from ..scheduling.autotune import setup as autotune_setup
+    from ..scheduling.engine import Engine
 
     me = world.Get_rank()
-    from . import mpi_ops
+    from ..transport import mpi_ops
 
     mpi_ops.use_wrapping_sums(world.allreduce(not mpi_env.integer_sums_wrap(MPI), op=MPI.LOR))
     local = world.Split_type(MPI.COMM_TYPE_SHARED, key=me)
@@ -102,7 +102,7 @@ def init(comm: Any = None, process_sets: Sequence[ProcessSet] | None = None) -> 
         add_process_set(ps)
     path = os.environ.get("HORO_TIMELINE")
     if path and world.Get_rank() == 0:
-        from .timeline import timeline
+        from ..base.timeline import timeline
 
         timeline.start(path)
 
@@ -122,8 +122,8 @@ retired: list[Any] = []
 
 def drop_runtime(join_timeout: float = 5.0) -> None:
     """Forget horo's current world without talking to any peer; ``init`` may then run on a new comm."""
-    from .errors import HoroInternalError
-    from .fault import horo_comms
+    from ..base.errors import HoroInternalError
+    from ..base.fault import horo_comms
 
     err = state.failed or HoroInternalError("horo's world was re-formed (elastic reset).")
     for ps in list(state.process_sets.values()):
@@ -198,11 +198,11 @@ def _network_defaults(world: Any, local_sizes: list[int]) -> None:
     spans_hosts = local_sizes[0] < world.Get_size()  # the same on every rank
     if not spans_hosts:
         return
-    from .autotune import explicit_knobs
+    from ..scheduling.autotune import explicit_knobs
 
     mine = ("chunk_bytes" not in explicit_knobs(), not os.environ.get("HORO_RING_MIN_BYTES"))
     chunk, ring = world.bcast(mine if world.Get_rank() == 0 else None, root=0)
-    from .config import config
+    from ..base.config import config
 
     if chunk:
         config["HORO_CHUNK_BYTES"] = float(max(config.int("HORO_CHUNK_BYTES"), NETWORK_CHUNK_BYTES))
@@ -214,8 +214,8 @@ def shutdown() -> None:
     """Stop the engines and free horo's communicators. ``init()`` may be called again afterwards."""
     if not state.initialized:
         return
-    from .negotiation import agree
-    from .timeline import timeline
+    from ..base.timeline import timeline
+    from ..scheduling.negotiation import agree
 
     if state.fatal is None and state.failed is None:
         # A rank still issuing collectives meets this one here and both raise, instead of hanging. One waiting
@@ -234,7 +234,7 @@ def shutdown() -> None:
     try:
         for ps in sorted(state.process_sets.values(), key=lambda p: -int(p.process_set_id or 0)):
             release(ps)
-        from . import nccl
+        from ..transport import nccl
 
         nccl.release_all()
         for comm in (state.local, state.cross, state.world):

@@ -11,7 +11,7 @@ from __future__ import annotations
 from types import ModuleType
 from typing import Any
 
-from ..device import DeviceMeta
+from ...transport.device import DeviceMeta
 from . import host
 
 __all__ = ["of"]

@@ -18,7 +18,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
-from ..timeline import timeline
+from ...base.timeline import timeline
 from .cache import cache_key, load_entry, store_entry
 from .search import Search
 from .settings import AutotuneOptions, Knobs

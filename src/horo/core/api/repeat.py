@@ -16,15 +16,17 @@ from typing import Any
 
 import numpy as np
 
-from . import mpi_ops, pieces, ring, watchdog
-from .config import config
-from .fault import raise_failure
-from .negotiation import MARK, Signature, agree, agree_choice, agree_prepared, prepared, sig_hash
-from .ops import Adasum, Average, ReduceOp
-from .pieces import PIECES, WHOLE
+from ..base import watchdog
+from ..base.config import config
+from ..base.fault import raise_failure
+from ..base.ops import Adasum, Average, ReduceOp
+from ..base.scaling import finish_reduction
+from ..base.state import state
+from ..scheduling import pieces
+from ..scheduling.negotiation import MARK, Signature, agree, agree_choice, agree_prepared, prepared, sig_hash
+from ..scheduling.pieces import PIECES, WHOLE
+from ..transport import mpi_ops, ring
 from .process_sets import ProcessSet
-from .scaling import finish_reduction
-from .state import state
 
 __all__ = ["call", "key", "lookup", "remember", "remember_async", "ASYNC"]
 

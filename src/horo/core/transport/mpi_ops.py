@@ -14,12 +14,13 @@ from typing import Any
 
 import numpy as np
 
-from . import adasum, half, hierarchy, mpi_env, ring
-from .config import config
-from .dtypes import _UPCAST, needs_upcast
-from .ops import Adasum, Average, Max, Min, Product, ReduceOp, Sum
-from .scaling import finish_reduction, scale_into
-from .watchdog import guarded, progress
+from ..base import half
+from ..base.config import config
+from ..base.dtypes import _UPCAST, needs_upcast
+from ..base.ops import Adasum, Average, Max, Min, Product, ReduceOp, Sum
+from ..base.scaling import finish_reduction, scale_into
+from ..base.watchdog import guarded, progress
+from . import adasum, hierarchy, mpi_env, ring
 
 __all__ = ["ALIGN", "empty", "aligned_view", "allreduce_into", "hierarchical_allreduce", "allgather",
            "broadcast_into", "alltoall", "reducescatter", "scatter_counts"]

@@ -20,16 +20,17 @@ from typing import Any
 
 import numpy as np
 
-from . import backends, nccl
-from .config import config
-from .device import DeviceMeta
-from .dtypes import BFLOAT16
-from .fault import raise_failure
-from .negotiation import agree_prepared_reduce, agree_reduce, prepared, sig_hash
-from .ops import Average, Max, Min, Product, ReduceOp, Sum
+from ..base.config import config
+from ..base.dtypes import BFLOAT16
+from ..base.fault import raise_failure
+from ..base.ops import Average, Max, Min, Product, ReduceOp, Sum
+from ..base.state import state
+from ..scheduling.negotiation import agree_prepared_reduce, agree_reduce, prepared, sig_hash
+from ..scheduling.signatures import allreduce_sig
+from ..transport import nccl
+from ..transport.device import DeviceMeta
+from . import backends
 from .process_sets import ProcessSet
-from .signatures import allreduce_sig
-from .state import state
 
 __all__ = ["PreparedAllreduce", "eligible", "event", "record", "wait"]
 

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 from .errors import NotInitializedError
 
 if TYPE_CHECKING:
-    from .process_sets import ProcessSet
+    from ..api.process_sets import ProcessSet
 
 __all__ = ["State", "state", "require_init"]
 

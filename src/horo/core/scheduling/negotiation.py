@@ -15,9 +15,9 @@ from typing import Any
 
 import numpy as np
 
-from .errors import MismatchError
-from .ops import Average, Sum
-from .watchdog import guarded
+from ..base.errors import MismatchError
+from ..base.ops import Average, Sum
+from ..base.watchdog import guarded
 
 __all__ = ["Signature", "JOIN", "BLOCKED", "agree", "agree_reduce", "exchange", "format_mismatch", "joinable",
            "sig_hash", "agree_prepared", "agree_prepared_reduce", "prepared", "agree_choice", "MARK"]

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from .ops import Average, Max, Min, Product, ReduceOp, Sum
+from ..base.ops import Average, Max, Min, Product, ReduceOp, Sum
 
 __all__ = ["UFUNCS", "usable", "allreduce"]
 

@@ -13,11 +13,11 @@ from typing import Any
 
 import numpy as np
 
-from .. import mpi_ops
-from ..config import config
-from ..engine import Request
-from ..negotiation import Signature
-from ..ops import ReduceOp
+from ...base.config import config
+from ...base.ops import ReduceOp
+from ...scheduling.engine import Request
+from ...scheduling.negotiation import Signature
+from ...transport import mpi_ops
 from ..process_sets import ProcessSet
 
 __all__ = [
