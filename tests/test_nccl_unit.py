@@ -394,7 +394,7 @@ def test_device_signature_marker() -> None:
     meta = device.DeviceMeta(np.dtype(np.float32), (2,))
     sig = signatures.allreduce_sig(meta, "g", Average, 1.0, 1.0)
     assert signatures.is_device_signature(sig)
-    host_sig = collectives.allreduce_sig(np.zeros(2, np.float32), "g", Average, 1.0, 1.0)
+    host_sig = signatures.allreduce_sig(np.zeros(2, np.float32), "g", Average, 1.0, 1.0)
     assert not signatures.is_device_signature(host_sig)
     assert sig[:-1] == host_sig  # same fields as the host op, plus device=cuda
 

@@ -228,7 +228,7 @@ def test_a_deferred_submission_starts_without_synchronize(hvd, world, rank):
     """While callers run their own rounds, a submission leaves the engine thread asleep (engine.submit).
     The engine must still start that op by itself within its grace period, not at the idle tick."""
     from horo.core.api.process_sets import global_process_set
-    from horo.core.scheduling import engine
+    from horo.core.scheduling import request
 
     eng = global_process_set.engine
     saved = eng.idle_s
@@ -244,7 +244,7 @@ def test_a_deferred_submission_starts_without_synchronize(hvd, world, rank):
         time.sleep(0.2)  # the engine thread re-parks under the new tick
         first = hvd.allreduce_async(np.full(3, rank + 1.0), op=hvd.Sum, name="defer.first")
         deferred = eng.deferred_since is not None
-        req = engine._get(first)
+        req = request.get(first)
         deadline = time.monotonic() + 5.0
         while not req.done.is_set() and time.monotonic() < deadline:
             time.sleep(0.001)  # neither poll() nor synchronize(): both would start the op themselves
@@ -343,7 +343,7 @@ def _waits_with_a_waiter(eng):
 
 def test_a_caller_running_the_round_polls_through_a_peer_a_few_ms_late(hvd, world, rank):
     """A caller in synchronize() that runs the round itself polls while a peer is a few ms late
-    (engine._HELP_SPIN_S) instead of sleeping in the back-off: the late wake-up skewed the next transfer,
+    (engine.waiting._HELP_SPIN_S) instead of sleeping in the back-off: the late wake-up skewed the next transfer,
     and between hosts at 1 Gbit/s back-to-back 4 MiB async ops took 37-39 ms against raw MPI's 35.1."""
     caller = threading.get_ident()
     # The last rank is 2 ms late, as after a transfer it finished last.
@@ -356,7 +356,7 @@ def test_a_submission_during_an_idle_round_is_seen_at_once(hvd, world, rank):
     yet) must cut that round's slow polling short, even when its caller ran the last round itself: the
     deferral left it to the next poll, a whole cycle later."""
     from horo.core.api.process_sets import global_process_set
-    from horo.core.scheduling import engine
+    from horo.core.scheduling import request
 
     eng = global_process_set.engine
     saved = eng.idle_s
@@ -376,7 +376,7 @@ def test_a_submission_during_an_idle_round_is_seen_at_once(hvd, world, rank):
         with eng.cv:  # as after a caller ran the last round just now
             eng.helped, eng.helped_at = True, time.monotonic()
         handle = hvd.allreduce_async(np.full(2, rank + 1.0), op=hvd.Sum, name="tick.op")
-        req = engine._get(handle)
+        req = request.get(handle)
         deadline = time.monotonic() + 5.0
         while not req.done.is_set() and time.monotonic() < deadline:
             time.sleep(0.001)  # neither poll() nor synchronize(): both would start the op themselves
@@ -395,7 +395,7 @@ def test_a_submission_during_an_idle_round_is_seen_at_once(hvd, world, rank):
 def test_the_engine_thread_polls_fast_once_a_caller_waits_for_its_round(hvd, world, rank):
     """The engine thread runs the round (started by poll()), backs off while a peer is late, and then a
     caller waits in synchronize(): from then on the engine thread polls without sleeping, as the caller
-    itself would (engine.Engine._poll_fast), instead of going on with its back-off."""
+    itself would (engine.waiting.Waiting._poll_fast), instead of going on with its back-off."""
     # The caller comes 1 ms after poll(): past the engine thread's short spin, into its back-off.
     _few_timed_waits(hvd, world, rank, "waited.round", _waits_with_a_waiter, _engine_runs_it(hvd, 0.001), 0.004)
 
@@ -417,7 +417,7 @@ class _SlowToLock(_CountingCondition):
 def test_a_caller_that_starts_waiting_between_two_polls_is_not_missed(hvd, world, rank):
     """The engine thread polls a round outside its condition and then waits on it; a caller that
     starts waiting in between (its notify then finds nobody waiting) must still end the back-off
-    (engine.Engine._stir). Before, the thread slept on through the caller's wait."""
+    (engine.Engine.stir). Before, the thread slept on through the caller's wait."""
     _few_timed_waits(hvd, world, rank, "stirred.round", lambda eng: _SlowToLock(_waits_with_a_waiter(eng), eng, 0.002),
                      _engine_runs_it(hvd, 0.003), 0.008)
 

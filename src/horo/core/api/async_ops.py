@@ -1,7 +1,7 @@
 """Asynchronous collectives: checked now, negotiated by name and run by the process set's engine.
 
 Each is written once: the local checks and the signature here, then the backend picked by where the
-buffers live (``backends``) builds the engine request that moves the data.
+buffers live (``backends``) prepares the operation, which the engine runs under the agreed name.
 """
 
 from __future__ import annotations
@@ -12,7 +12,8 @@ from typing import Any
 import numpy as np
 
 from ..base.ops import Average
-from ..scheduling.engine import Request, auto_name, poll, submit, synchronize
+from ..scheduling.negotiation import Signature
+from ..scheduling.request import Request, auto_name, poll, submit, synchronize
 from ..scheduling.signatures import (
     allgather_sig,
     allreduce_sig,
@@ -22,6 +23,7 @@ from ..scheduling.signatures import (
     reducescatter_sig,
 )
 from ..transport import mpi_ops
+from ..transport.prepared import Allreduce, Prepared
 from . import backends, repeat
 from .checks import (
     allgather_args,
@@ -68,15 +70,14 @@ def _allreduce_async(inplace: bool, tensor: Any, average: Any, name: Any, op: An
             if entry is not None:
                 ps, _, sig, rop, pre, post = entry
                 out = tensor if inplace else mpi_ops.result_buffer(tensor.shape, tensor.dtype)
-                return submit(ps.engine, Request(name, sig, send=tensor, out=out, op=rop, pre=pre, post=post))
+                return submit(ps.engine, Request(name, sig, Allreduce(tensor, out, rop, pre, post)))
     what = "horo.allreduce_async_" if inplace else "horo.allreduce_async"
     ps, x, rop, pre, post = allreduce_args(inplace, tensor, average, op, prescale_factor, postscale_factor,
                                            process_set, what)
     name = name_arg(name, what) or auto_name("allreduce")
     sig = allreduce_sig(x, name, rop, pre, post, inplace)
-    handle = submit(ps.engine, backends.of(x).allreduce_request(ps, name, sig, tensor, x, rop, pre, post, inplace,
-                                                                  what))
-    if k is not None and x is tensor:  # what host.allreduce_request makes of it, the fast path above makes too
+    handle = _submit(ps, name, sig, backends.of(x).allreduce(ps, tensor, x, rop, pre, post, inplace, False, what))
+    if k is not None and x is tensor:  # what host.allreduce prepares of it, the fast path above makes too
         repeat.remember_async(k, ps, sig, rop, pre, post)
     return handle
 
@@ -106,8 +107,8 @@ def _grouped_allreduce_async(inplace: bool, tensors: Sequence[Any], average: Any
                                           process_set, what)
     name = name_arg(name, what) or auto_name("grouped_allreduce")
     sig = grouped_sig(xs, name, rop, pre, post, inplace)
-    return submit(ps.engine, backends.of(xs[0]).grouped_allreduce_request(ps, name, sig, tensors, xs, rop, pre, post,
-                                                                          inplace, what))
+    return _submit(ps, name, sig, backends.of(xs[0]).grouped_allreduce(ps, tensors, xs, rop, pre, post, inplace,
+                                                                        False, what))
 
 
 def allgather_async(tensor: Any, name: str | None = None, process_set: ProcessSet | None = None) -> int:
@@ -115,7 +116,7 @@ def allgather_async(tensor: Any, name: str | None = None, process_set: ProcessSe
     what = "horo.allgather_async"
     ps, x = allgather_args(tensor, process_set, what)
     name = name_arg(name, what) or auto_name("allgather")
-    return submit(ps.engine, backends.of(x).allgather_request(ps, name, allgather_sig(x, name), tensor, x, what))
+    return _submit(ps, name, allgather_sig(x, name), backends.of(x).allgather(ps, tensor, x, None, what))
 
 
 def broadcast_async(tensor: Any, root_rank: int, name: str | None = None,
@@ -135,7 +136,7 @@ def _broadcast_async(inplace: bool, tensor: Any, root_rank: Any, name: Any, proc
     ps, x, root = broadcast_args(inplace, tensor, root_rank, process_set, what)
     name = name_arg(name, what) or auto_name("broadcast")
     sig = broadcast_sig(x, int(root_rank), name)
-    return submit(ps.engine, backends.of(x).broadcast_request(ps, name, sig, tensor, x, root, inplace, what))
+    return _submit(ps, name, sig, backends.of(x).broadcast(ps, tensor, x, root, inplace, what))
 
 
 def alltoall_async(tensor: Any, splits: Any = None, name: str | None = None,
@@ -144,7 +145,7 @@ def alltoall_async(tensor: Any, splits: Any = None, name: str | None = None,
     what = "horo.alltoall_async"
     ps, x, s = alltoall_args(tensor, splits, process_set, what)
     name = name_arg(name, what) or auto_name("alltoall")
-    return submit(ps.engine, backends.of(x).alltoall_request(ps, name, alltoall_sig(x, name), tensor, x, s, what))
+    return _submit(ps, name, alltoall_sig(x, name), backends.of(x).alltoall(ps, tensor, x, s, what))
 
 
 def reducescatter_async(tensor: Any, op: Any = Average, name: str | None = None,
@@ -155,4 +156,9 @@ def reducescatter_async(tensor: Any, op: Any = Average, name: str | None = None,
     ps, x, rop, pre, post = reducescatter_args(tensor, op, prescale_factor, postscale_factor, process_set, what)
     name = name_arg(name, what) or auto_name("reducescatter")
     sig = reducescatter_sig(x, name, rop, pre, post)
-    return submit(ps.engine, backends.of(x).reducescatter_request(ps, name, sig, tensor, x, rop, pre, post, what))
+    return _submit(ps, name, sig, backends.of(x).reducescatter(ps, tensor, x, rop, pre, post, what))
+
+
+def _submit(ps: ProcessSet, name: str, sig: Signature, op: Prepared) -> int:
+    """Hand the prepared ``op`` to the set's engine under ``name``; returns the handle."""
+    return submit(ps.engine, Request(name, sig, op.for_engine()))

@@ -17,6 +17,7 @@ import numpy as np
 from ..base.errors import MismatchError
 from ..base.fault import guard
 from ..base.ops import Average
+from ..scheduling.joined import zeros as joined_zeros
 from ..scheduling.negotiation import JOIN, agree, agree_reduce, exchange, format_mismatch, joinable
 from ..scheduling.signatures import (
     allgather_sig,
@@ -26,9 +27,7 @@ from ..scheduling.signatures import (
     grouped_sig,
     reducescatter_sig,
 )
-from ..transport import mpi_ops
 from . import backends, repeat
-from .backends.host import reduce_group
 from .checks import (
     allgather_args,
     allreduce_args,
@@ -45,7 +44,7 @@ from .process_sets import ProcessSet, resolve
 __all__ = [
     "allreduce", "allreduce_", "grouped_allreduce", "grouped_allreduce_", "allgather", "grouped_allgather",
     "broadcast", "broadcast_", "alltoall", "reducescatter", "grouped_reducescatter", "barrier", "join",
-    "broadcast_object", "allgather_object", "allreduce_sig", "grouped_sig", "reduce_group",
+    "broadcast_object", "allgather_object",
 ]
 
 
@@ -97,7 +96,7 @@ def _checked_allreduce(inplace: bool, tensor: Any, average: Any, name: Any, op: 
         repeat.remember(repeat.key(inplace, x, average, name, op, prescale_factor, postscale_factor, process_set),
                         ps, x, sig, rop, pre, post)
     joined = agree_reduce(ps.comm, sig, ranks=ps.ranks)
-    return backends.of(x).allreduce(ps, tensor, x, rop, pre, post, inplace, joined, what)
+    return backends.of(x).allreduce(ps, tensor, x, rop, pre, post, inplace, joined, what).run(ps.comm)
 
 
 @guard
@@ -124,7 +123,7 @@ def _grouped_allreduce(inplace: bool, tensors: Sequence[Any], average: Any, name
     if not xs:
         return []
     joined = agree_reduce(ps.comm, grouped_sig(xs, name_arg(name, what), rop, pre, post, inplace), ranks=ps.ranks)
-    return backends.of(xs[0]).grouped_allreduce(ps, tensors, xs, rop, pre, post, inplace, joined, what)
+    return backends.of(xs[0]).grouped_allreduce(ps, tensors, xs, rop, pre, post, inplace, joined, what).run(ps.comm)
 
 
 @guard
@@ -133,7 +132,7 @@ def allgather(tensor: Any, name: str | None = None, process_set: ProcessSet | No
     what = "horo.allgather"
     ps, x = allgather_args(tensor, process_set, what)
     counts = agree(ps.comm, allgather_sig(x, name_arg(name, what)), payload=x.shape[0], ranks=ps.ranks)
-    return backends.of(x).allgather(ps, tensor, x, counts, what)
+    return backends.of(x).allgather(ps, tensor, x, counts, what).run(ps.comm)
 
 
 @guard
@@ -161,7 +160,7 @@ def _broadcast(inplace: bool, tensor: Any, root_rank: Any, name: Any, process_se
     what = "horo.broadcast_" if inplace else "horo.broadcast"
     ps, x, root = broadcast_args(inplace, tensor, root_rank, process_set, what)
     agree(ps.comm, broadcast_sig(x, int(root_rank), name_arg(name, what)), ranks=ps.ranks)
-    return backends.of(x).broadcast(ps, tensor, x, root, inplace, what)
+    return backends.of(x).broadcast(ps, tensor, x, root, inplace, what).run(ps.comm)
 
 
 @guard
@@ -171,7 +170,7 @@ def alltoall(tensor: Any, splits: Any = None, name: str | None = None,
     what = "horo.alltoall"
     ps, x, s = alltoall_args(tensor, splits, process_set, what)
     agree(ps.comm, alltoall_sig(x, name_arg(name, what)), ranks=ps.ranks)
-    return backends.of(x).alltoall(ps, tensor, x, s, what)
+    return backends.of(x).alltoall(ps, tensor, x, s, what).run(ps.comm)
 
 
 @guard
@@ -182,7 +181,7 @@ def reducescatter(tensor: Any, op: Any = Average, name: str | None = None,
     what = "horo.reducescatter"
     ps, x, rop, pre, post = reducescatter_args(tensor, op, prescale_factor, postscale_factor, process_set, what)
     agree(ps.comm, reducescatter_sig(x, name_arg(name, what), rop, pre, post), ranks=ps.ranks)
-    return backends.of(x).reducescatter(ps, tensor, x, rop, pre, post, what)
+    return backends.of(x).reducescatter(ps, tensor, x, rop, pre, post, what).run(ps.comm)
 
 
 @guard
@@ -238,21 +237,8 @@ def join() -> int:
         if any(dict(s).get("collective") == "shutdown" for s in active):
             raise MismatchError(format_mismatch(sigs, ps.ranks))  # a rank left: nothing more to wait for
         if all(s == active[0] for s in active) and joinable(active[0]):
-            _contribute_zeros(ps.comm, dict(active[0]))
+            joined_zeros(active[0]).run(ps.comm)  # the others' allreduce, with zeros
         # Otherwise the calling ranks raise MismatchError in agree(); this rank simply stays joined.
-
-
-def _contribute_zeros(comm: Any, fields: dict[str, Any]) -> None:
-    """A joined rank's part in the others' allreduce, in their form (in place or not: signatures.py)."""
-    op = fields["op"]
-    pre, post = fields["prescale_factor"], fields["postscale_factor"]
-    in_place = bool(fields.get("in_place"))
-    if fields["collective"] == "allreduce":
-        zeros = np.zeros(fields["shape"], dtype=fields["dtype"])
-        mpi_ops.allreduce_into(comm, zeros, zeros if in_place else np.zeros_like(zeros), op, pre, post)
-    else:
-        arrs = [np.zeros(s, dtype=d) for s, d in zip(fields["shapes"], fields["dtypes"])]
-        reduce_group(comm, arrs, op, pre, post, outs=arrs if in_place else None)
 
 
 @guard

@@ -1,66 +1,17 @@
-"""Process sets: collectives over a subset of the ranks (Horovod's API)."""
+"""The registry of process sets: adding, removing and resolving them (Horovod's API; the class is in base.state)."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from typing import Any
 
-from ..base.state import require_init, state
+from ..base.state import ProcessSet, global_process_set, require_init, state
+from ..scheduling.engine import Engine
+from ..scheduling.negotiation import agree
+from ..transport import hierarchy, nccl
 from ..transport.comms import duplicate
 
 __all__ = ["ProcessSet", "global_process_set", "add_process_set", "remove_process_set", "resolve"]
-
-
-class ProcessSet:
-    """A fixed group of global ranks that can run collectives among themselves.
-
-    Args:
-        ranks: the global ranks in the set (any order, no duplicates).
-    """
-
-    def __init__(self, ranks: Sequence[int]) -> None:
-        if isinstance(ranks, ProcessSet):
-            ranks = ranks.ranks
-        try:
-            ranks_list = [int(r) for r in ranks]
-        except (TypeError, ValueError):
-            raise TypeError(
-                f"ProcessSet needs a sequence of integer ranks. Received: ranks={ranks!r}. "
-                "HINT: horo.ProcessSet([0, 1])."
-            ) from None
-        if len(set(ranks_list)) != len(ranks_list):
-            raise ValueError(f"ProcessSet ranks must be unique. Received: ranks={ranks_list}.")
-        self.ranks: list[int] = sorted(ranks_list)
-        self.process_set_id: int | None = None
-        self.comm: Any = None  # direct (synchronous) collectives
-        self.engine_comm: Any = None  # the background engine's own communicator
-        self.engine: Any = None
-
-    def size(self) -> int:
-        return len(self.ranks)
-
-    def rank(self) -> int:
-        """This process's rank within the set (-1 if not included)."""
-        require_init("ProcessSet.rank()")
-        me = state.world.Get_rank()
-        return self.ranks.index(me) if me in self.ranks else -1
-
-    def included(self) -> bool:
-        require_init("ProcessSet.included()")
-        return state.world.Get_rank() in self.ranks
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, ProcessSet) and other.ranks == self.ranks
-
-    def __hash__(self) -> int:
-        return hash(tuple(self.ranks))
-
-    def __repr__(self) -> str:
-        return f"ProcessSet(process_set_id={self.process_set_id}, ranks={self.ranks})"
-
-
-global_process_set = ProcessSet([])
-global_process_set.process_set_id = 0
 
 
 def resolve(process_set: Any, what: str) -> ProcessSet:
@@ -92,9 +43,7 @@ def resolve(process_set: Any, what: str) -> ProcessSet:
 
 def add_process_set(process_set: ProcessSet | Sequence[int]) -> ProcessSet:
     """Register a process set; a collective over all ranks, which must call it in the same order."""
-    from mpi4py import MPI
-
-    from ..scheduling.negotiation import agree
+    from mpi4py import MPI  # here, not at import: importing horo must not start MPI
 
     st = require_init("add_process_set()")
     ps = process_set if isinstance(process_set, ProcessSet) else ProcessSet(process_set)
@@ -114,8 +63,6 @@ def add_process_set(process_set: ProcessSet | Sequence[int]) -> ProcessSet:
     me = st.world.Get_rank()
     comm = st.world.Split(0 if me in ps.ranks else MPI.UNDEFINED, key=me)
     if comm != MPI.COMM_NULL:
-        from ..scheduling.engine import Engine
-
         ps.comm = comm
         ps.engine_comm = duplicate(comm)
         ps.engine = Engine(ps.engine_comm, ps.ranks)
@@ -127,8 +74,6 @@ def add_process_set(process_set: ProcessSet | Sequence[int]) -> ProcessSet:
 
 def remove_process_set(process_set: ProcessSet) -> bool:
     """Unregister a process set (collective over all ranks). Returns False if it was not registered."""
-    from ..scheduling.negotiation import agree
-
     st = require_init("remove_process_set()")
     if not isinstance(process_set, ProcessSet):
         raise TypeError(f"remove_process_set needs a horo.ProcessSet. Received: process_set={process_set!r}.")
@@ -148,8 +93,6 @@ def release(ps: ProcessSet) -> None:
     if ps.engine is not None:
         ps.engine.stop()
         ps.engine = None
-    from ..transport import hierarchy, nccl
-
     for comm in (ps.engine_comm, ps.comm):
         if comm is not None:
             nccl.release(comm)

@@ -11,7 +11,16 @@ import traceback
 from collections.abc import Sequence
 from typing import Any
 
+from ..base.config import config, share
+from ..base.errors import HoroInternalError
+from ..base.fault import horo_comms
 from ..base.state import require_init, state
+from ..base.timeline import timeline
+from ..scheduling.autotune import explicit_knobs
+from ..scheduling.autotune import setup as autotune_setup
+from ..scheduling.engine import Engine
+from ..scheduling.negotiation import agree
+from ..transport import mpi_env, mpi_ops, nccl
 from ..transport.comms import connect_pairs, duplicate, singleton_segments
 from .process_sets import ProcessSet, add_process_set, global_process_set, release
 
@@ -36,8 +45,6 @@ def init(comm: Any = None, process_sets: Sequence[ProcessSet] | None = None) -> 
     global _atexit_registered
     if state.initialized:
         return
-    from ..transport import mpi_env
-
     mpi_env.before_init()  # Open MPI reads it in MPI_Init, which this import may run
     from mpi4py import MPI
 
@@ -66,15 +73,8 @@ def init(comm: Any = None, process_sets: Sequence[ProcessSet] | None = None) -> 
     world = duplicate(base)
     # Errors as exceptions, whatever the caller's handler: a dead peer must surface (see core.fault).
     world.Set_errhandler(MPI.ERRORS_RETURN)
-    from ..base.config import share
-
     share(world)  # before any engine exists: they read the agreed values
-    from ..scheduling.autotune import setup as autotune_setup
-    from ..scheduling.engine import Engine
-
     me = world.Get_rank()
-    from ..transport import mpi_ops
-
     mpi_ops.use_wrapping_sums(world.allreduce(not mpi_env.integer_sums_wrap(MPI), op=MPI.LOR))
     local = world.Split_type(MPI.COMM_TYPE_SHARED, key=me)
     cross = world.Split(local.Get_rank(), key=me)
@@ -102,8 +102,6 @@ def init(comm: Any = None, process_sets: Sequence[ProcessSet] | None = None) -> 
         add_process_set(ps)
     path = os.environ.get("HORO_TIMELINE")
     if path and world.Get_rank() == 0:
-        from ..base.timeline import timeline
-
         timeline.start(path)
 
     if world.Get_size() > 1 and os.environ.get("HORO_ABORT_ON_ERROR", "1") != "0":
@@ -122,14 +120,11 @@ retired: list[Any] = []
 
 def drop_runtime(join_timeout: float = 5.0) -> None:
     """Forget horo's current world without talking to any peer; ``init`` may then run on a new comm."""
-    from ..base.errors import HoroInternalError
-    from ..base.fault import horo_comms
-
     err = state.failed or HoroInternalError("horo's world was re-formed (elastic reset).")
     for ps in list(state.process_sets.values()):
         eng = ps.engine
         if eng is not None:
-            eng._fail_all(err)  # noqa: SLF001 - callers blocked on its ops must see the failure
+            eng.fail_all(err)  # callers blocked on its ops must see the failure
             eng.thread.join(join_timeout)  # it ends once its (revoked) communicator fails
         if ps is not global_process_set:
             ps.invalidated = ("this process set belonged to a world that has been re-formed by an elastic reset.")
@@ -198,12 +193,8 @@ def _network_defaults(world: Any, local_sizes: list[int]) -> None:
     spans_hosts = local_sizes[0] < world.Get_size()  # the same on every rank
     if not spans_hosts:
         return
-    from ..scheduling.autotune import explicit_knobs
-
     mine = ("chunk_bytes" not in explicit_knobs(), not os.environ.get("HORO_RING_MIN_BYTES"))
     chunk, ring = world.bcast(mine if world.Get_rank() == 0 else None, root=0)
-    from ..base.config import config
-
     if chunk:
         config["HORO_CHUNK_BYTES"] = float(max(config.int("HORO_CHUNK_BYTES"), NETWORK_CHUNK_BYTES))
     if ring:
@@ -214,9 +205,6 @@ def shutdown() -> None:
     """Stop the engines and free horo's communicators. ``init()`` may be called again afterwards."""
     if not state.initialized:
         return
-    from ..base.timeline import timeline
-    from ..scheduling.negotiation import agree
-
     if state.fatal is None and state.failed is None:
         # A rank still issuing collectives meets this one here and both raise, instead of hanging. One waiting
         # on a process set never meets it: the engines see this rank leaving and end that wait (engine.py).
@@ -234,8 +222,6 @@ def shutdown() -> None:
     try:
         for ps in sorted(state.process_sets.values(), key=lambda p: -int(p.process_set_id or 0)):
             release(ps)
-        from ..transport import nccl
-
         nccl.release_all()
         for comm in (state.local, state.cross, state.world):
             if comm is not None:

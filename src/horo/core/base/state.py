@@ -3,14 +3,12 @@
 from __future__ import annotations
 
 import threading
-from typing import TYPE_CHECKING, Any
+from collections.abc import Sequence
+from typing import Any
 
 from .errors import NotInitializedError
 
-if TYPE_CHECKING:
-    from ..api.process_sets import ProcessSet
-
-__all__ = ["State", "state", "require_init"]
+__all__ = ["ProcessSet", "State", "global_process_set", "require_init", "state"]
 
 
 class State:
@@ -52,3 +50,55 @@ def require_init(what: str = "this function") -> State:
     if state.fatal is not None:
         raise state.fatal
     return state
+
+
+class ProcessSet:
+    """A fixed group of global ranks that can run collectives among themselves.
+
+    Args:
+        ranks: the global ranks in the set (any order, no duplicates).
+    """
+
+    def __init__(self, ranks: Sequence[int]) -> None:
+        if isinstance(ranks, ProcessSet):
+            ranks = ranks.ranks
+        try:
+            ranks_list = [int(r) for r in ranks]
+        except (TypeError, ValueError):
+            raise TypeError(
+                f"ProcessSet needs a sequence of integer ranks. Received: ranks={ranks!r}. "
+                "HINT: horo.ProcessSet([0, 1])."
+            ) from None
+        if len(set(ranks_list)) != len(ranks_list):
+            raise ValueError(f"ProcessSet ranks must be unique. Received: ranks={ranks_list}.")
+        self.ranks: list[int] = sorted(ranks_list)
+        self.process_set_id: int | None = None
+        self.comm: Any = None  # direct (synchronous) collectives
+        self.engine_comm: Any = None  # the background engine's own communicator
+        self.engine: Any = None
+
+    def size(self) -> int:
+        return len(self.ranks)
+
+    def rank(self) -> int:
+        """This process's rank within the set (-1 if not included)."""
+        require_init("ProcessSet.rank()")
+        me = state.world.Get_rank()
+        return self.ranks.index(me) if me in self.ranks else -1
+
+    def included(self) -> bool:
+        require_init("ProcessSet.included()")
+        return state.world.Get_rank() in self.ranks
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, ProcessSet) and other.ranks == self.ranks
+
+    def __hash__(self) -> int:
+        return hash(tuple(self.ranks))
+
+    def __repr__(self) -> str:
+        return f"ProcessSet(process_set_id={self.process_set_id}, ranks={self.ranks})"
+
+
+global_process_set = ProcessSet([])
+global_process_set.process_set_id = 0

@@ -12,6 +12,8 @@ import threading
 import time
 from typing import Any
 
+from .state import require_init
+
 __all__ = ["Timeline", "timeline", "start_timeline", "stop_timeline"]
 
 
@@ -97,8 +99,6 @@ timeline = Timeline()
 
 def start_timeline(file_path: str, mark_cycles: bool = False) -> None:
     """Start writing a timeline to ``file_path`` (rank 0 writes; other ranks ignore the call)."""
-    from .state import require_init
-
     st = require_init("start_timeline()")
     if st.world.Get_rank() == 0:
         timeline.start(file_path, pid=0)

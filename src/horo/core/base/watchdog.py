@@ -24,6 +24,7 @@ from functools import wraps
 from typing import Any, TypeVar
 
 from .config import config
+from .state import state
 
 __all__ = ["EXIT_CODE", "blocking", "enabled", "guarded", "progress", "in_mpi", "enter_mpi", "leave_mpi",
            "count_mpi_calls"]
@@ -150,8 +151,6 @@ def _watch() -> None:
 def _fire(what: str, waited: float, limit: float) -> None:
     rank = "?"
     with contextlib.suppress(Exception):
-        from .state import state
-
         if state.world is not None:
             rank = str(state.world.Get_rank())
     sys.stderr.write(

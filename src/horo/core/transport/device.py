@@ -23,6 +23,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from ..base.dtypes import BFLOAT16, check_dtype
+from ..base.state import state
 
 __all__ = [
     "KDL_CPU",
@@ -396,8 +397,6 @@ def check_writable(x: Any, what: str) -> None:
 
 def default_device() -> int:
     """The GPU of this rank's local rank (``local_rank % device count``), as Horovod pins GPUs."""
-    from ..base.state import state
-
     cp = cupy_or_none()
     count = int(cp.cuda.runtime.getDeviceCount()) if cp is not None else 1
     local = state.local.Get_rank() if getattr(state, "local", None) is not None else 0
@@ -414,8 +413,6 @@ def note_staging(reason: str = "NCCL is not in use") -> bool:
     if _staging_noted:
         return False
     _staging_noted = True
-    from ..base.state import state
-
     if getattr(state, "world", None) is not None and state.world.Get_rank() != 0:
         return False  # the reason is agreed by all ranks: one line per job is enough
     log.warning("horo: GPU tensors are staged through host memory for MPI (%s): correct but slower than NCCL. "

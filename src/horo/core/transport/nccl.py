@@ -33,10 +33,12 @@ from typing import Any
 
 import numpy as np
 
+from ..base.config import config
 from ..base.dtypes import BFLOAT16
 from ..base.errors import HoroError, HoroInternalError
 from ..base.ops import Average, Max, Min, Product, ReduceOp, Sum
 from ..base.scaling import finish_reduction, scale_into
+from . import mpi_ops
 
 __all__ = [
     "NCCL_DTYPE_CODES",
@@ -689,8 +691,6 @@ def allreduce_into(be: NcclBackend, send: Any, out: Any, op: ReduceOp, prescale:
 def _hierarchical_into(be: NcclBackend, send: Any, out: Any, op: ReduceOp, pre: float, post: float,
                        logical: np.dtype, plan: ReducePlan, st: Any) -> Any:
     """Reduce-scatter inside the node (NCCL), allreduce the shard across nodes (MPI, host), allgather inside."""
-    from . import mpi_ops
-
     cupy, nccl = load_cupy()
     local = be.local_communicator
     lsize = be.local_comm.Get_size()
@@ -735,8 +735,6 @@ def grouped_allreduce_into(be: NcclBackend, sends: Sequence[Any], outs: Sequence
                            stream=stream)
         return outs
     if threshold is None:
-        from ..base.config import config
-
         threshold = config.int("HORO_NCCL_FUSION_THRESHOLD")
     limit = threshold
     logicals = [np.dtype(dtypes[i] if dtypes is not None else s.dtype) for i, s in enumerate(sends)]

@@ -21,7 +21,7 @@ from typing import Any
 from ...base.timeline import timeline
 from .cache import cache_key, load_entry, store_entry
 from .search import Search
-from .settings import AutotuneOptions, Knobs
+from .settings import AutotuneOptions, Knobs, start_knobs
 
 __all__ = ["LOG_COLUMNS", "Manager", "SAMPLES_PER_TRIAL"]
 
@@ -43,8 +43,6 @@ class Manager:
 
     def __init__(self, options: AutotuneOptions, base: Knobs, fixed: Mapping[str, float],
                  job: Mapping[str, Any]) -> None:
-        from .settings import start_knobs
-
         self.options = options
         self.fixed = dict(fixed)
         self.job = dict(job)
