@@ -1,15 +1,19 @@
-"""Print the import graph of ``src/horo`` and look for cycles in it.
+"""Print the import graph of ``src/horo``, look for cycles in it, and check where horo modules are imported.
 
-Reads the source only (``ast``): nothing is imported. Every ``import`` of a ``horo`` module is an edge, at module
-level or inside a function; ``--module-level`` counts only the ones that run when the module is imported, and
-``if TYPE_CHECKING:`` blocks never count (they never run). A package's ``__init__`` is a module of its own, and
-``from .pkg import name`` depends on ``pkg/__init__.py`` (and on ``pkg/name.py`` when that is a module).
+Reads the source only (``ast``): nothing is imported. Every ``import`` of a ``horo`` module is an edge: at module
+level, inside a function, or under ``if TYPE_CHECKING:``; ``--module-level`` counts only the ones that run when
+the module is imported. A package's ``__init__`` is a module of its own, and ``from .pkg import name`` depends
+on ``pkg/__init__.py`` (and on ``pkg/name.py`` when that is a module).
 
-Exit status 1 when a cycle exists, so ``make test`` can run it.
+The rule checked besides: a horo module is imported at module level, never inside a function, except one that
+loads a heavy optional dependency (a framework, CuPy, matplotlib, scikit-learn) when imported, and then with a
+``# lazy: <why>`` comment on the import (or the line above it). Dynamic imports (``importlib.import_module``,
+``__import__``) need that comment too, unless they name a module outside horo. ``TYPE_CHECKING`` imports are not allowed: the layers make them needless.
 
-    python tools/import_graph.py            # every import, the graph and the cycles
-    python tools/import_graph.py --module-level
-    python tools/import_graph.py --quiet    # cycles only
+Exit status 1 on a cycle or a broken rule, so ``make test`` can run it (tests/test_layers.py).
+
+    python tools/import_graph.py            # the graph, its cycles (every import, then module level), the rule
+    python tools/import_graph.py --quiet    # cycles and rule breaks only
 """
 
 from __future__ import annotations
@@ -34,6 +38,15 @@ def is_package(path: Path) -> bool:
     return path.name == "__init__.py"
 
 
+#: Third-party packages too heavy (or too optional) to import with horo itself.
+HEAVY = frozenset({"torch", "tensorflow", "keras", "jax", "jaxlib", "cupy", "pytorch_lightning", "lightning",
+                   "lightning_fabric", "matplotlib", "sklearn", "scipy"})
+#: horo's framework facades: each imports its framework, some through a function they call when imported.
+FACADES = ("horo.keras", "horo.tensorflow", "horo.torch", "horo.jax", "horo.strategies", "horo.lightning",
+           "horo.callbacks")
+LAZY_MARK = "# lazy:"
+
+
 def _type_checking(node: ast.If) -> bool:
     test = node.test
     return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
@@ -46,6 +59,8 @@ def imports(tree: ast.Module) -> Iterator[tuple[ast.Import | ast.ImportFrom, boo
     def walk(node: ast.AST, in_function: bool) -> Iterator[tuple[ast.Import | ast.ImportFrom, bool]]:
         for child in ast.iter_child_nodes(node):
             if isinstance(child, ast.If) and _type_checking(child):
+                for sub in child.body:  # never runs: an edge all the same, not a module-level one
+                    yield from walk(ast.Module(body=[sub], type_ignores=[]), True)
                 for sub in child.orelse:
                     yield from walk(ast.Module(body=[sub], type_ignores=[]), in_function)
                 continue
@@ -161,6 +176,77 @@ def cycles(edges: dict[str, set[str]]) -> list[list[str]]:
     return out
 
 
+def _externals(node: ast.Import | ast.ImportFrom) -> set[str]:
+    if isinstance(node, ast.Import):
+        return {a.name.split(".")[0] for a in node.names}
+    return set() if node.level or not node.module else {node.module.split(".")[0]}
+
+
+def heavy_modules(root: Path = ROOT) -> set[str]:
+    """The horo modules whose import (theirs, an enclosing package's or a module-level dependency's) imports a
+    :data:`HEAVY` package."""
+    files = {module_name(p, root): p for p in sorted((root / "horo").rglob("*.py"))}
+    modules = set(files)
+    deps: dict[str, set[str]] = {}
+    heavy = {m for m in modules if any(m == f or m.startswith(f + ".") for f in FACADES)}
+    for me, path in files.items():
+        deps[me] = _ancestors(me) & modules
+        for node, top in imports(ast.parse(path.read_text(), str(path))):
+            if not top:
+                continue
+            if _externals(node) & HEAVY:
+                heavy.add(me)
+            deps[me] |= targets(node, me, is_package(path), modules) - {me}
+    changed = True
+    while changed:
+        changed = False
+        for me, ds in deps.items():
+            if me not in heavy and ds & heavy:
+                heavy.add(me)
+                changed = True
+    return heavy
+
+
+def rule_breaks(root: Path = ROOT) -> list[str]:
+    """Function-level (or TYPE_CHECKING) imports of horo modules that break the rule, and unmarked dynamic ones."""
+    files = {module_name(p, root): p for p in sorted((root / "horo").rglob("*.py"))}
+    modules = set(files)
+    heavy = heavy_modules(root)
+    out: list[str] = []
+    for me, path in files.items():
+        text = path.read_text()
+        lines = text.splitlines()
+        tree = ast.parse(text, str(path))
+
+        def marked(node: ast.AST) -> bool:
+            here = lines[node.lineno - 1:node.end_lineno]  # type: ignore[attr-defined]
+            above = lines[node.lineno - 2] if node.lineno > 1 else ""
+            return any(LAZY_MARK in ln for ln in here) or above.strip().startswith(LAZY_MARK)
+
+        where = f"{path.relative_to(root.parent) if root.parent in path.parents else path}"
+        for node, top in imports(tree):
+            hits = targets(node, me, is_package(path), modules) - {me}
+            if top or not hits:
+                continue
+            light = sorted(h for h in hits if h not in heavy and not any(h in _ancestors(x) for x in hits - {h}))
+            if light:
+                out.append(f"{where}:{node.lineno}: imports {', '.join(light)} inside a function (or under "
+                           "TYPE_CHECKING): import it at module level")
+            elif not marked(node):
+                out.append(f"{where}:{node.lineno}: a lazy import of {', '.join(sorted(hits))} needs a "
+                           f"'{LAZY_MARK} <why>' comment")
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Call):
+                fn = node.func
+                name = fn.attr if isinstance(fn, ast.Attribute) else fn.id if isinstance(fn, ast.Name) else ""
+                arg = node.args[0] if node.args else None
+                named = isinstance(arg, ast.Constant) and isinstance(arg.value, str)
+                if name in ("import_module", "__import__") and not (named and not arg.value.startswith("horo")) \
+                        and not marked(node):
+                    out.append(f"{where}:{node.lineno}: a dynamic import needs a '{LAZY_MARK} <why>' comment")
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--module-level", action="store_true", help="only imports that run at import time")
@@ -181,7 +267,12 @@ def main(argv: list[str] | None = None) -> int:
         if not found:
             print(f"no cycle ({what})")
         status |= bool(found)
-    return status
+    breaks = [] if args.module_level else rule_breaks(args.root)
+    for line in breaks:
+        print(f"rule: {line}")
+    if not args.module_level and not breaks:
+        print("no function-level import of a horo module without a reason")
+    return status | bool(breaks)
 
 
 if __name__ == "__main__":

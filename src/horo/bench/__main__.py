@@ -36,7 +36,7 @@ def main(argv: list[str] | None = None) -> int:
                   f"HINT: choose one of {', '.join(BENCHES)}.\n\n{_usage()}", end="", file=sys.stderr)
         return 2
     try:
-        module = importlib.import_module(f"horo.bench.{name}")
+        module = importlib.import_module(f"horo.bench.{name}")  # lazy: a bench may import its framework
     except ModuleNotFoundError as exc:
         if _is_rank0():
             missing = exc.name or "?"

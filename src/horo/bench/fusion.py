@@ -37,6 +37,7 @@ from typing import Any
 
 import numpy as np
 
+import horo
 from horo.bench import plot
 from horo.bench._util import (
     env_summary,
@@ -234,8 +235,6 @@ def main(argv: list[str]) -> int:
     limit_threads()
 
     from mpi4py import MPI
-
-    import horo
 
     comm = duplicate(MPI.COMM_WORLD)
     n, rank = comm.Get_size(), comm.Get_rank()

@@ -29,8 +29,10 @@ from typing import Any
 
 import numpy as np
 
+import horo
 from horo.bench import plot
 from horo.bench._util import (
+    Timing,
     algbw,
     busbw,
     env_summary,
@@ -40,6 +42,9 @@ from horo.bench._util import (
     parse_sizes,
     time_interleaved,
 )
+from horo.core.api import collectives
+from horo.core.api.process_sets import global_process_set
+from horo.core.transport import device, nccl
 from horo.core.transport.comms import duplicate
 
 NEEDS = "horo.bench gpu: needs the nccl extra and a GPU (pip install 'horo[nccl]' on a CUDA machine); skipping."
@@ -94,11 +99,6 @@ def main(argv: list[str]) -> int:
 
     import cupy
     from mpi4py import MPI
-
-    import horo
-    from horo.core.api import collectives
-    from horo.core.api.process_sets import global_process_set
-    from horo.core.transport import device, nccl
 
     horo.init()
     torch_cuda = False
@@ -217,8 +217,6 @@ TARGET = 0.95  # horo within 5 % of raw NCCL on the same buffers
 
 
 def _summary(results: list[dict[str, Any]], stat: str) -> None:
-    from horo.bench._util import Timing
-
     def t(r: dict[str, Any], k: str) -> float | None:
         s = r["samples_s"].get(k)
         return Timing({k: s}).stat(k, stat) if s else None

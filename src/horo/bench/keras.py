@@ -41,8 +41,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+import horo
 from horo.bench import plot
 from horo.bench._util import env_summary, md_table
+from horo.plugins.fused import FusedAllreduce
 from horo.run.mpiexec import local_command
 
 _MARK = "HORO_KERAS_BENCH "
@@ -111,9 +113,6 @@ def _exchange_times(model_vars: list[Any], repeats: int = 20) -> tuple[float, fl
     import numpy as np
     from mpi4py import MPI
 
-    import horo
-    from horo.plugins.fused import FusedAllreduce
-
     grads = [np.random.default_rng(0).random(tuple(v.shape), dtype=np.float32) for v in model_vars]
     flat = np.concatenate([g.reshape(-1) for g in grads])
     fused = FusedAllreduce()
@@ -136,7 +135,7 @@ def _worker(args: argparse.Namespace) -> int:
     import keras
     import numpy as np
 
-    import horo.keras as hvd
+    import horo.keras as hvd  # lazy: imports Keras and its backend's framework
 
     hvd.init()
     if args.backend == "tensorflow":

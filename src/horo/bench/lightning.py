@@ -17,6 +17,7 @@ import statistics
 import time
 from typing import Any
 
+import horo
 from horo.bench import models, plot
 from horo.bench._util import env_summary, limit_threads, md_table
 
@@ -118,8 +119,7 @@ def main(argv: list[str]) -> int:
     from pytorch_lightning.strategies import DDPStrategy
     from torch.utils.data import DataLoader
 
-    import horo
-    from horo.strategies import HoroStrategy
+    from horo.strategies import HoroStrategy  # lazy: imports torch and Lightning
 
     torch.set_num_threads(1)
     horo.init()

@@ -11,7 +11,7 @@ import time
 from ..core.api import runtime
 from ..core.api.runtime import drop_runtime
 from ..core.base.errors import HoroError, HoroInternalError
-from ..core.base.fault import horo_comms, is_process_failure, revoke_all
+from ..core.base.fault import horo_comms, is_process_failure, revoke_all, ulfm_active
 from ..core.base.state import state
 
 __all__ = ["shrink", "agree", "require_ft", "timings"]
@@ -22,8 +22,6 @@ timings: dict[str, float] = {}
 
 def require_ft(what: str) -> None:
     """Raise a clear error unless this MPI can survive a process failure."""
-    from ..core.base.fault import ulfm_active
-
     if not ulfm_active():
         from mpi4py import MPI
 

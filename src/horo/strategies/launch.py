@@ -9,6 +9,8 @@ import subprocess
 import sys
 from typing import NoReturn
 
+from horo.run.mpiexec import MpiexecError, local_command
+
 __all__ = ["launcher_rank", "relaunch", "relaunch_command", "started_by_mpi"]
 
 # Set by MPI launchers in every rank (MPICH/Intel hydra, PMIx, Open MPI, MVAPICH) and by our own relaunch.
@@ -36,7 +38,6 @@ def relaunch_command(nprocs: int) -> list[str]:
     rank_cmd = [sys.executable, *argv]
     if os.environ.get("HORO_LAUNCHER", "hororun") != "mpiexec" and importlib.util.find_spec("horo.run"):
         return [sys.executable, "-m", "horo.run", "-np", str(nprocs), *rank_cmd]
-    from horo.run.mpiexec import MpiexecError, local_command
 
     try:
         return local_command(nprocs, rank_cmd)

@@ -73,7 +73,7 @@ class TensorFlowState(ObjectState):
 
 def __getattr__(name: str) -> Any:
     if name == "TensorFlowKerasState":  # lazily: Keras is an optional extra of a TF custom-loop user
-        from ..keras.elastic import KerasState
+        from ..keras.elastic import KerasState  # lazy: imports Keras
 
         return KerasState
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

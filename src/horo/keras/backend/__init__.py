@@ -25,4 +25,4 @@ def current() -> ModuleType:
             "HINT: set KERAS_BACKEND=tensorflow or KERAS_BACKEND=torch before importing keras (JAX trains "
             "through stateless_apply, which horo does not wrap)."
         )
-    return importlib.import_module(f"{__name__}.{name}")
+    return importlib.import_module(f"{__name__}.{name}")  # lazy: each imports its framework

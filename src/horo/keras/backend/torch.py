@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 
 from ... import core
+from ...core.base.dtypes import BFLOAT16
 from ...core.base.ops import Adasum
 from ...core.transport.device import is_device_array
 from ...plugins.fused import FusedAllreduce
@@ -29,16 +30,12 @@ def _to_host(t: Any) -> np.ndarray:
     if t.device.type != "cpu":
         t = t.cpu()
     if t.dtype == torch.bfloat16:  # numpy has no bfloat16: reinterpret the bits as ml_dtypes' bfloat16
-        from ...core.base.dtypes import BFLOAT16
-
         return t.contiguous().view(torch.int16).numpy().view(BFLOAT16)
     return t.contiguous().numpy()
 
 
 def _from_host(a: np.ndarray, like: Any) -> Any:
     import torch
-
-    from ...core.base.dtypes import BFLOAT16
 
     if BFLOAT16 is not None and a.dtype == BFLOAT16:
         t = torch.from_numpy(a.view(np.int16)).view(torch.bfloat16)
