@@ -416,7 +416,7 @@ def test_imports_and_errors_without_cupy() -> None:
             device.to_device_view(object(), what="horo.allreduce")
         except TypeError as exc:
             assert "HINT" in str(exc) and "horo.allreduce" in str(exc), exc
-        info = nccl._local_capability(None)
+        info = nccl.local_capability(None)
         assert info["ok"] is False and info["why"], info
         print("ok")
     """)
