@@ -337,7 +337,7 @@ def test_copy_back_and_to_device_like_torch() -> None:
 
 
 def test_staging_is_announced_once(caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(device, "_staging_noted", False)
+    monkeypatch.setattr(device.staging, "_staging_noted", False)
     with caplog.at_level("WARNING", logger="horo"):
         assert device.note_staging("test reason") is True
         assert device.note_staging("again") is False

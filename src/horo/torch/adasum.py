@@ -22,8 +22,8 @@ import torch
 from .. import core
 from ..core.api.process_sets import ProcessSet
 from ..core.base.ops import Adasum
-from ..plugins.torch import Staged, stage
 from .compression import Compressor
+from .tensors import Staged, stage
 
 __all__ = ["AdasumDeltas"]
 

@@ -29,8 +29,8 @@ from ..core.api.process_sets import ProcessSet, resolve
 from ..core.base.errors import MismatchError
 from ..core.base.ops import ReduceOp
 from ..core.transport.device import device_meta
-from ..plugins.torch import stage
 from . import prepared
+from .tensors import stage
 
 __all__ = ["Bucket", "Buckets", "assign"]
 

@@ -24,10 +24,10 @@ from .. import core
 from ..core.api.process_sets import ProcessSet
 from ..core.base.config import config
 from ..core.base.ops import Adasum, Average, ReduceOp, Sum, resolve_op
-from ..plugins.torch import Staged, stage
 from .buckets import Buckets
 from .compression import Compression, Compressor
 from .ops import sparse_allreduce_async
+from .tensors import Staged, stage
 
 __all__ = ["GradientExchange"]
 

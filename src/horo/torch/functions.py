@@ -25,8 +25,8 @@ from torch.autograd.function import FunctionCtx
 from .. import core
 from ..core.api.process_sets import ProcessSet
 from ..core.base.ops import Average, ReduceOp, Sum, resolve_op
-from ..plugins.torch import stage
 from .compression import Compression, Compressor
+from .tensors import stage
 
 __all__ = [
     "allgather",

@@ -17,8 +17,8 @@ from .. import core
 from ..core.api.process_sets import ProcessSet, resolve
 from ..core.base.errors import HoroTypeError
 from ..core.base.ops import Average, ReduceOp, Sum, resolve_op
-from ..plugins.torch import Staged, stage
 from . import prepared
+from .tensors import Staged, stage
 
 __all__ = [
     "allgather_async",

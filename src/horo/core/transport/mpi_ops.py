@@ -14,13 +14,13 @@ from typing import Any
 
 import numpy as np
 
-from ..base import half
 from ..base.config import config
 from ..base.dtypes import _UPCAST, needs_upcast
 from ..base.ops import Adasum, Average, Max, Min, Product, ReduceOp, Sum
 from ..base.scaling import finish_reduction, scale_into
 from ..base.watchdog import guarded, progress
-from . import adasum, hierarchy, mpi_env, ring
+from . import adasum, half_reduce, hierarchy, mpi_env, ring
+from .half_reduce import scatter_counts
 
 __all__ = ["ALIGN", "empty", "aligned_view", "allreduce_into", "hierarchical_allreduce", "allgather",
            "broadcast_into", "alltoall", "reducescatter", "scatter_counts"]
@@ -201,60 +201,21 @@ def _hierarchy(comm: Any, knob: str) -> hierarchy.Topology | None:
     return topo if topo.useful else None
 
 
-_UFUNCS = {Sum: np.add, Average: np.add, Min: np.minimum, Max: np.maximum, Product: np.multiply}
-
-
 def _allreduce_16bit(comm: Any, src: np.ndarray, dst: np.ndarray, op: ReduceOp, prescale: float,
                      postscale: float) -> None:
-    """Allreduce 16-bit floats: 16-bit on the wire, float32 arithmetic, each element reduced once.
-
-    MPI has no (portable) 16-bit float reduction. Widening everything to float32 before an MPI allreduce
-    doubles the bytes moved and converts every element on every rank; instead each rank receives its
-    1/size share of every rank's 16-bit data (one alltoall), reduces that share in float32, rounds it once
-    and everyone gathers the shares (one allgather). All ranks get identical bits.
-    """
+    """Allreduce 16-bit floats by the 16-bit reduction (``half_reduce``): this rank's share of every rank's data
+    in one alltoall, reduced here in float32 and rounded once, then the shares in one allgather."""
     size, rank = comm.Get_size(), comm.Get_rank()
     item = src.dtype.itemsize
-    counts = scatter_counts(src.size, size)  # each rank's share, as reducescatter splits rows
+    counts = scatter_counts(src.size, size)
     bounds = np.concatenate([[0], np.cumsum(counts)])
     lo, hi = int(bounds[rank]), int(bounds[rank + 1])
     mine = hi - lo
     parts = np.empty((size, mine), dtype=src.dtype)
     comm.Alltoallv([_bytes(src), (counts * item, bounds[:-1] * item), MPI.BYTE],
                    [_bytes(parts), (np.full(size, mine * item), np.arange(size) * mine * item), MPI.BYTE])
-    f16 = src.dtype == np.float16
-    acc = _widen(parts[0], f16)
-    linear = op in (Sum, Average)  # there the prescale factors out of the sum: one multiply, not size
-    if prescale != 1.0 and not linear:
-        acc *= np.float32(prescale)
-    ufunc = _UFUNCS[op]
-    for k in range(1, size):
-        term = _widen(parts[k], f16)
-        if not linear and prescale != 1.0:
-            term *= np.float32(prescale)
-        ufunc(acc, term, out=acc)
-    if prescale != 1.0 and linear:
-        acc *= np.float32(prescale)
-    _finish(acc, op, size, postscale)
-    if f16:
-        half.to_float16(acc, dst[lo:hi])
-    else:  # bfloat16: ml_dtypes' conversion is fast
-        dst[lo:hi] = acc
+    half_reduce.reduce_shares(parts, op, prescale, postscale, size, half_reduce.NumpyMath(src.dtype, dst[lo:hi]))
     comm.Allgatherv(MPI.IN_PLACE, [_bytes(dst), (counts * item, bounds[:-1] * item), MPI.BYTE])
-
-
-def _widen(part: np.ndarray, f16: bool) -> np.ndarray:
-    """A float32 copy of a 16-bit float array (any shape)."""
-    if f16:
-        return half.to_float32(part.reshape(-1), np.empty(part.size, np.float32)).reshape(part.shape)
-    return part.astype(np.float32)
-
-
-def _narrow(acc: np.ndarray, dtype: np.dtype) -> np.ndarray:
-    """``acc`` (float32) rounded to the 16-bit float ``dtype``."""
-    if dtype == np.float16:
-        return half.to_float16(acc.reshape(-1), np.empty(acc.size, dtype)).reshape(acc.shape)
-    return acc.astype(dtype)
 
 
 ALIGN = 64  # bytes: frameworks adopt a result without copying only at this alignment (TF: Eigen's)
@@ -374,12 +335,6 @@ def alltoall(comm: Any, send: np.ndarray, splits: np.ndarray) -> tuple[np.ndarra
     return out, recv_splits
 
 
-def scatter_counts(dim0: int, size: int) -> np.ndarray:
-    """Rows per rank for reducescatter: as even as possible, the first ``dim0 % size`` ranks get one more."""
-    base, extra = divmod(dim0, size)
-    return np.array([base + (1 if r < extra else 0) for r in range(size)], dtype=np.int64)
-
-
 @guarded("MPI reducescatter")
 def reducescatter(comm: Any, send: np.ndarray, op: ReduceOp, prescale: float = 1.0,
                   postscale: float = 1.0) -> np.ndarray:
@@ -387,11 +342,11 @@ def reducescatter(comm: Any, send: np.ndarray, op: ReduceOp, prescale: float = 1
     rows = scatter_counts(send.shape[0], size)
     row_elems = int(np.prod(send.shape[1:], dtype=np.int64))
     upcast = needs_upcast(send.dtype)
-    work = _widen(np.ascontiguousarray(send), send.dtype == np.float16) if upcast else send
+    work = half_reduce.widen(np.ascontiguousarray(send)) if upcast else send
     if prescale != 1.0:
         work = scale_into(np, work, prescale, np.empty_like(work) if work is send else work)
     out = empty((int(rows[rank]),) + send.shape[1:], work.dtype)
     comm.Reduce_scatter(_typed(np.ascontiguousarray(work)), _typed(out), recvcounts=rows * row_elems,
                         op=_mpi_op(op, work.dtype))
     _finish(out, op, size, postscale)
-    return _narrow(out, send.dtype) if upcast else out
+    return half_reduce.narrow(out, send.dtype) if upcast else out

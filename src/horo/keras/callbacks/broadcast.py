@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..core.api.process_sets import ProcessSet
-from ..keras.collectives import broadcast_variables, model_and_optimizer_variables
+from ...core.api.process_sets import ProcessSet
+from ...plugins.packing import model_variables
+from ..collectives import broadcast_variables
 from ._base import Callback
 
 __all__ = ["BroadcastGlobalVariablesCallback"]
@@ -31,6 +32,6 @@ class BroadcastGlobalVariablesCallback(Callback):
         self.broadcast_done = False
 
     def on_train_begin(self, logs: dict[str, Any] | None = None) -> None:
-        broadcast_variables(model_and_optimizer_variables(self.model), self.root_rank, self.process_set,
+        broadcast_variables(model_variables(self.model), self.root_rank, self.process_set,
                             name="horo.BroadcastGlobalVariablesCallback")
         self.broadcast_done = True

@@ -7,8 +7,8 @@ from typing import Any
 
 import numpy as np
 
-from .. import core
-from ..core.api.process_sets import ProcessSet
+from ... import core
+from ...core.api.process_sets import ProcessSet
 from ._base import Callback
 
 __all__ = ["MetricAverageCallback"]

@@ -13,8 +13,8 @@ import numbers
 from collections.abc import Callable
 from typing import Any
 
-from .. import core
-from ..keras.optimizer import import_keras
+from ... import core
+from ..optimizer import import_keras
 from ._base import Callback
 
 __all__ = ["LearningRateScheduleCallback", "LearningRateWarmupCallback", "momentum_variables"]

@@ -1,114 +1,29 @@
-"""TensorFlow adapter: tf tensors <-> numpy for the core collectives, eagerly and inside ``tf.function``.
+"""Collectives on TF tensors, eagerly and inside ``tf.function``, and a step's gradients in one exchange.
 
-Eagerly, a collective reads the tensor's host buffer (``.numpy()``) and wraps the result as a tensor. When
-traced, each exchange is ONE ``tf.numpy_function`` (so a whole gradient list costs one Python round trip
-and one fused MPI call per dtype), and static shapes are restored on its outputs. XLA cannot compile a
-``numpy_function``, so tracing under ``jit_compile=True`` raises right away with the fix.
+Each exchange is ONE ``tf.numpy_function`` when traced (``tensors.run``): a whole gradient list costs one
+Python round trip and one fused MPI call per dtype.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
 from .. import core
 from ..core.api.compression import Compression
-from ..core.api.process_sets import ProcessSet, resolve
-from ..core.base.dtypes import check_dtype
+from ..core.api.process_sets import ProcessSet
 from ..core.base.ops import Adasum, Average, ReduceOp, Sum, resolve_op
-from .fused import FusedAllreduce
-from .half_exchange import WIRE_DTYPES, HalfExchange
-from .packing import broadcast_arrays
-from .quiet import quiet_import
+from ..plugins.fused import FusedAllreduce
+from ..plugins.half_exchange import WIRE_DTYPES, HalfExchange
+from ..plugins.packing import broadcast_arrays
+from .tensors import TensorFlowMath, compress, decompress, import_tf, np_dtype, run, set_size
 
-__all__ = [
-    "import_tf", "check_not_xla", "allreduce", "grouped_allreduce", "allgather", "broadcast", "alltoall",
-    "reducescatter", "reduce_gradients", "broadcast_variables", "set_size",
-]
+__all__ = ["allgather", "allreduce", "alltoall", "broadcast", "broadcast_variables", "grouped_allreduce",
+           "reduce_gradients", "reducescatter"]
 
 _GRAD_NAME = "horo.gradients"
-
-
-def import_tf() -> Any:
-    """Return the ``tensorflow`` module, or raise an ImportError naming the extra to install."""
-    try:
-        with quiet_import("tensorflow"):
-            import tensorflow as tf
-    except ImportError as exc:
-        raise ImportError(
-            "horo's TensorFlow support needs TensorFlow, and neither tensorflow nor tensorflow-cpu is installed. "
-            f"Received: import tensorflow failed ({exc}). HINT: pip install tensorflow (GPU builds; or "
-            "'horo[tensorflow]'), or pip install tensorflow-cpu on a machine without a GPU ('horo[tensorflow-cpu]')."
-        ) from exc
-    return tf
-
-
-def check_not_xla(what: str) -> None:
-    """Raise at trace time when the enclosing function is XLA-compiled (numpy_function cannot be)."""
-    tf = import_tf()
-    if tf.executing_eagerly():
-        return
-    try:  # TF has no public query for "am I inside jit_compile=True"; this private one is stable since 2.x.
-        from tensorflow.python.ops import control_flow_util
-    except ImportError:  # pragma: no cover - then XLA reports the unsupported op itself
-        return
-    if control_flow_util.GraphOrParentsInXlaContext(tf.compat.v1.get_default_graph()):
-        raise ValueError(
-            f"{what} cannot run inside an XLA-compiled function: horo's collectives run through "
-            "tf.numpy_function, which XLA cannot compile. Received: jit_compile=True. "
-            "HINT: pass jit_compile=False to model.compile(...) (or to tf.function(...))."
-        )
-
-
-def _np_dtype(tf_dtype: Any, arg: str) -> np.dtype:
-    dt = np.dtype(tf_dtype.as_numpy_dtype)
-    check_dtype(dt, arg)  # fail at trace time, not inside the graph
-    return dt
-
-
-def _run(fn: Callable[..., list[np.ndarray]], inputs: Sequence[Any], out_dtypes: Sequence[Any],
-         out_shapes: Sequence[Any], name: str) -> list[Any]:
-    """Call ``fn`` on the inputs' numpy values: directly when eager, else as one ``tf.numpy_function``."""
-    tf = import_tf()
-    if tf.executing_eagerly():
-        outs = fn(*[t.numpy() for t in inputs])
-        return [tf.convert_to_tensor(o, dtype=d) for o, d in zip(outs, out_dtypes)]
-    check_not_xla(name)
-    outs = tf.numpy_function(lambda *xs: list(fn(*xs)), list(inputs), list(out_dtypes), stateful=True,
-                             name=name.replace(".", "_"))
-    for o, s in zip(outs, out_shapes):
-        o.set_shape(s)
-    return list(outs)
-
-
-def set_size(process_set: ProcessSet | None, what: str) -> int:
-    return resolve(process_set, what).size()
-
-
-# -- compression on framework tensors -------------------------------------------------------------------
-
-def _compress(t: Any, compression: Any) -> tuple[Any, Any]:
-    tf = import_tf()
-    wire = getattr(compression, "wire_dtype", "custom")
-    if wire is None:
-        return t, None
-    if wire in ("float16", "bfloat16"):  # horo's casts, done by TF so the numpy side sees 16-bit buffers
-        if t.dtype.is_floating and t.dtype.name != wire:
-            return tf.cast(t, wire), t.dtype
-        return t, None
-    return compression.compress(t)  # a user Compressor written for tf tensors (as in Horovod)
-
-
-def _decompress(t: Any, ctx: Any, compression: Any) -> Any:
-    wire = getattr(compression, "wire_dtype", "custom")
-    if wire in (None, "float16", "bfloat16"):
-        return t if ctx is None else import_tf().cast(t, ctx)
-    return compression.decompress(t, ctx)
-
-
-# -- collectives on tf tensors --------------------------------------------------------------------------
 
 def allreduce(tensor: Any, average: bool | None = None, device_dense: str = "", device_sparse: str = "",
               compression: Any = Compression.none, op: Any = None, prescale_factor: float = 1.0,
@@ -139,9 +54,9 @@ def allgather(tensor: Any, name: str | None = None, process_set: ProcessSet | No
     """Concatenate every rank's tensor along dim 0 (dim 0 may differ between ranks)."""
     tf = import_tf()
     t = tf.convert_to_tensor(tensor)
-    _np_dtype(t.dtype, "tensor")
+    np_dtype(t.dtype, "tensor")
     nm = name or "horo.allgather"
-    return _run(lambda x: [core.allgather(x, name=name, process_set=process_set)], [t], [t.dtype],
+    return run(lambda x: [core.allgather(x, name=name, process_set=process_set)], [t], [t.dtype],
                 [tf.TensorShape([None]).concatenate(t.shape[1:])], nm)[0]
 
 
@@ -150,8 +65,8 @@ def broadcast(tensor: Any, root_rank: int, name: str | None = None,
     """Return ``root_rank``'s tensor on every rank."""
     tf = import_tf()
     t = tf.convert_to_tensor(tensor)
-    _np_dtype(t.dtype, "tensor")
-    return _run(lambda x: [core.broadcast(x, root_rank, name=name, process_set=process_set)], [t], [t.dtype],
+    np_dtype(t.dtype, "tensor")
+    return run(lambda x: [core.broadcast(x, root_rank, name=name, process_set=process_set)], [t], [t.dtype],
                 [t.shape], name or "horo.broadcast")[0]
 
 
@@ -160,7 +75,7 @@ def alltoall(tensor: Any, splits: Any = None, name: str | None = None,
     """Send ``splits[r]`` rows to rank r; returns ``(received rows, received splits)``."""
     tf = import_tf()
     t = tf.convert_to_tensor(tensor)
-    _np_dtype(t.dtype, "tensor")
+    np_dtype(t.dtype, "tensor")
     size = set_size(process_set, "horo.alltoall")
     if splits is None:
         fn = lambda x: list(core.alltoall(x, None, name=name, process_set=process_set))  # noqa: E731
@@ -169,7 +84,7 @@ def alltoall(tensor: Any, splits: Any = None, name: str | None = None,
         s = tf.cast(tf.convert_to_tensor(splits), tf.int64)
         fn = lambda x, sp: list(core.alltoall(x, sp, name=name, process_set=process_set))  # noqa: E731
         ins = [t, s]
-    out, recv = _run(fn, ins, [t.dtype, tf.int64],
+    out, recv = run(fn, ins, [t.dtype, tf.int64],
                      [tf.TensorShape([None]).concatenate(t.shape[1:]), tf.TensorShape([size])],
                      name or "horo.alltoall")
     return out, tf.cast(recv, tf.int32)
@@ -181,15 +96,15 @@ def reducescatter(tensor: Any, op: Any = Average, name: str | None = None,
     """Reduce over the set, then return this rank's rows of dim 0 (see ``horo.reducescatter``)."""
     tf = import_tf()
     t = tf.convert_to_tensor(tensor)
-    _np_dtype(t.dtype, "tensor")
+    np_dtype(t.dtype, "tensor")
     rop = resolve_op(op, None)
-    wire, ctx = _compress(t, compression)
-    out = _run(lambda x: [core.reducescatter(x, rop, name=name, process_set=process_set,
+    wire, ctx = compress(t, compression)
+    out = run(lambda x: [core.reducescatter(x, rop, name=name, process_set=process_set,
                                              prescale_factor=prescale_factor,
                                              postscale_factor=postscale_factor)],
                [wire], [wire.dtype], [tf.TensorShape([None]).concatenate(t.shape[1:])],
                name or "horo.reducescatter")[0]
-    return _decompress(out, ctx, compression)
+    return decompress(out, ctx, compression)
 
 
 # -- gradient lists ---------------------------------------------------------------------------------------
@@ -240,8 +155,8 @@ def reduce_gradients(grads: Sequence[Any], *, op: ReduceOp = Average, compressio
             else:
                 sparse_idx.append(i)
                 continue
-        _np_dtype(g.dtype, f"grads[{i}]")
-        wire, ctx = _compress(g, compression)
+        np_dtype(g.dtype, f"grads[{i}]")
+        wire, ctx = compress(g, compression)
         if _tf_reducible(wire, g.shape, compression, op):
             half_idx.append(i)
             half_wires.append(wire)
@@ -254,7 +169,7 @@ def reduce_gradients(grads: Sequence[Any], *, op: ReduceOp = Average, compressio
         ctxs.append(ctx)
     for i in sparse_idx:
         g = grads[i]
-        _np_dtype(g.values.dtype, f"grads[{i}].values")
+        np_dtype(g.values.dtype, f"grads[{i}].values")
         inputs += [g.values, g.indices]
         dtypes += [g.values.dtype, g.indices.dtype]
         shapes += [tf.TensorShape([None]).concatenate(g.values.shape[1:]), tf.TensorShape([None])]
@@ -263,7 +178,7 @@ def reduce_gradients(grads: Sequence[Any], *, op: ReduceOp = Average, compressio
         outs16 = _reduce_16bit(half_wires, [grads[i].shape for i in half_idx], op, prescale_factor,
                                postscale_factor, process_set, name)
         for i, out, ctx in zip(half_idx, outs16, half_ctxs):
-            result[i] = _decompress(out, ctx, compression)
+            result[i] = decompress(out, ctx, compression)
     if not inputs:
         return result
     nd = len(dense_idx)
@@ -283,9 +198,9 @@ def reduce_gradients(grads: Sequence[Any], *, op: ReduceOp = Average, compressio
             outs += [values, indices]
         return outs
 
-    outs = _run(exchange, inputs, dtypes, shapes, name)
+    outs = run(exchange, inputs, dtypes, shapes, name)
     for k, i in enumerate(dense_idx):
-        result[i] = _decompress(outs[k], ctxs[k], compression)
+        result[i] = decompress(outs[k], ctxs[k], compression)
     for k, i in enumerate(sparse_idx):
         result[i] = tf.IndexedSlices(outs[nd + 2 * k], outs[nd + 2 * k + 1], grads[i].dense_shape)
     return result
@@ -303,16 +218,13 @@ def _reduce_16bit(wires: Sequence[Any], shapes: Sequence[Any], op: ReduceOp, pre
     """Reduce 16-bit tensors: numpy moves their bytes, TF sums each rank's share (see ``HalfExchange``)."""
     tf = import_tf()
     dtype = wires[0].dtype
-    ex = HalfExchange([tuple(s.as_list()) for s in shapes], _np_dtype(dtype, "gradients"), op,
+    ex = HalfExchange([tuple(s.as_list()) for s in shapes], np_dtype(dtype, "gradients"), op,
                       prescale_factor, postscale_factor, process_set, name)
-    received = _run(lambda *xs: [ex.scatter(xs)], wires, [dtype], [tf.TensorShape([ex.size * ex.share])],
+    received = run(lambda *xs: [ex.scatter(xs)], wires, [dtype], [tf.TensorShape([ex.size * ex.share])],
                     f"{name}.scatter")[0]
     parts = tf.reshape(received, [ex.size, ex.share])
-    share = tf.add_n([tf.cast(parts[k], tf.float32) for k in range(ex.size)])
-    if ex.scale != 1.0:
-        share = share * ex.scale
-    outs = _run(ex.gather, [tf.cast(share, dtype)], [dtype] * len(wires),
-                [tf.TensorShape([n]) for n in ex.counts], f"{name}.gather")
+    share = ex.reduce(parts, TensorFlowMath(dtype))
+    outs = run(ex.gather, [share], [dtype] * len(wires), [tf.TensorShape([n]) for n in ex.counts], f"{name}.gather")
     return [tf.reshape(o, shape) for o, shape in zip(outs, shapes)]
 
 
@@ -328,8 +240,8 @@ def broadcast_variables(variables: Sequence[Any], root_rank: int, process_set: P
         return None
     values = [tf.convert_to_tensor(v) for v in variables]
     for i, v in enumerate(values):
-        _np_dtype(v.dtype, f"variables[{i}]")
-    outs = _run(lambda *xs: broadcast_arrays(list(xs), root_rank, name, process_set), values,
+        np_dtype(v.dtype, f"variables[{i}]")
+    outs = run(lambda *xs: broadcast_arrays(list(xs), root_rank, name, process_set), values,
                 [v.dtype for v in values], [v.shape for v in values], name)
     for v, o in zip(variables, outs):
         v.assign(o)

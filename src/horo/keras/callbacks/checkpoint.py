@@ -6,8 +6,8 @@ import math
 import os
 from typing import Any
 
-from .. import core
-from ..keras.saving import save_atomic
+from ... import core
+from ..saving import save_atomic
 from ._base import Callback
 
 __all__ = ["RootRankOnly", "rank_zero_only", "BestModelCheckpoint"]

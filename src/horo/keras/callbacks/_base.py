@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..keras.optimizer import import_keras
+from ..optimizer import import_keras
 
 __all__ = ["Callback"]
 
