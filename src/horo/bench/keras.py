@@ -44,11 +44,11 @@ from typing import Any
 import horo
 from horo.bench import plot
 from horo.bench._util import env_summary, md_table
+from horo.core.base.config import started_by_launcher
 from horo.plugins.fused import FusedAllreduce
 from horo.run.mpiexec import local_command
 
 _MARK = "HORO_KERAS_BENCH "
-_RANK_VARS = ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK")
 BARE_MPI_TARGET = 0.97  # issue 15: DistributedOptimizer at >= 0.97x the speed of bare mpi4py in the step
 
 
@@ -310,7 +310,7 @@ def main(argv: list[str]) -> int:
         args.plot = str(args.plot)
         if not plot.check_arg(args.plot, "horo.bench keras"):
             return 2
-    inside = args.worker or any(v in os.environ for v in _RANK_VARS)  # under a launcher: this size only
+    inside = args.worker or started_by_launcher()  # under a launcher: this size only
     if args.rounds is None:
         args.rounds = 15 if inside else 5  # 1 vs N: 5 per run, the verdict pools them over --repeats runs
     elif args.rounds < 1:

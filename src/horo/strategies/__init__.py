@@ -10,7 +10,7 @@ except ImportError as _exc:  # pragma: no cover - depends on the installed extra
 from pytorch_lightning.strategies import StrategyRegistry as _registry
 from pytorch_lightning.utilities.rank_zero import rank_zero_only as _rank_zero_only
 
-from .launch import launcher_rank as _launcher_rank
+from ..core.base.config import launcher_rank as _launcher_rank
 from .strategy import HoroStrategy
 
 if HoroStrategy.strategy_name not in _registry:

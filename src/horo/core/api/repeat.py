@@ -18,6 +18,7 @@ import numpy as np
 
 from ..base import watchdog
 from ..base.config import config
+from ..base.dtypes import needs_upcast
 from ..base.fault import raise_failure
 from ..base.ops import Adasum, Average, ReduceOp
 from ..base.scaling import finish_reduction
@@ -83,8 +84,8 @@ def call(inplace: bool, arr: np.ndarray, average: Any, name: Any, op: Any, pre: 
         else:  # one call or pieces, as the first rank chose (pieces.py)
             whole = agree_choice(comm, bufs, sig, h, ps.ranks, pick.propose()) == WHOLE
             t0 = time.perf_counter()
-        # mpi_ops._hier_on, unrolled: a set thread-local (an engine round's tuned choice) takes the general path
-        if not whole or config.get("HORO_HIERARCHICAL_ALLREDUCE") or mpi_ops._HIER_LOCAL.value is not None:
+        # mpi_ops' hierarchy check, inlined: a set thread-local (an engine round's tuned choice) takes the general path
+        if not whole or config.get("HORO_HIERARCHICAL_ALLREDUCE") or mpi_ops.HIERARCHY_OVERRIDE.value is not None:
             mpi_ops.allreduce_into(comm, arr, out, rop, pre, post)
             if pick is not None:
                 pick.record(PIECES, time.perf_counter() - t0)
@@ -138,18 +139,17 @@ def remember(k: tuple, ps: ProcessSet, arr: np.ndarray, sig: Signature, rop: Red
         _SEEN.clear()
     # One MPI call, as mpi_ops.allreduce_into would make for it. The chunk size is fixed by init(), before any
     # call is remembered, and equal on every rank (config.share).
-    plain = pre == 1.0 and not mpi_ops.needs_upcast(arr.dtype) and rop is not Adasum
+    plain = pre == 1.0 and not needs_upcast(arr.dtype) and rop is not Adasum
     chunk = config.int("HORO_CHUNK_BYTES")
-    whole = plain and (arr.nbytes <= mpi_ops._ONE_CALL_BYTES or arr.nbytes <= 8 * chunk)
+    whole = plain and (arr.nbytes <= mpi_ops.ONE_CALL_BYTES or arr.nbytes <= 8 * chunk)
     # Between the sizes that always went faster in one call and those that always went faster in pieces, the
     # first rank measures both (pieces.py).
     pick = pieces.Chooser(ps.comm.Get_rank() == 0) if plain and pieces.in_window(arr.nbytes, chunk) else None
-    mpi_ops._load()
-    mpi = mpi_ops.MPI
+    mpi = mpi_ops.load()
     h = sig_hash(sig)
     _SEEN[k] = (ps, ps.comm, sig, h, rop, pre, post, whole,
-                mpi_ops._mpi_op(rop, arr.dtype) if whole or pick else None, mpi_ops._DATATYPES.get(arr.dtype),
-                mpi.IN_PLACE, rop is Average or post != 1.0, arr.nbytes <= mpi_ops._SMALL_BYTES,
+                mpi_ops.mpi_op(rop, arr.dtype) if whole or pick else None, mpi_ops.DATATYPES.get(arr.dtype),
+                mpi.IN_PLACE, rop is Average or post != 1.0, arr.nbytes <= mpi_ops.SMALL_BYTES,
                 # init() fixed the threshold; a new world (elastic) drops the entry with its communicator
                 ring.usable(ps.comm.Get_size(), arr.nbytes, arr.dtype, rop, config["HORO_RING_MIN_BYTES"]),
                 prepared(ps.comm, h, MARK if pick else 0), pick)

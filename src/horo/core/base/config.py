@@ -17,8 +17,9 @@ import sys
 from collections.abc import Mapping, MutableMapping
 from typing import Any
 
-__all__ = ["ALIASED", "ALIAS_PREFIX", "Config", "apply_aliases", "config", "horo_name", "launcher_rank0",
-           "read_env", "resolve_aliases", "share"]
+__all__ = ["ALIASED", "ALIAS_PREFIX", "LAUNCHER_RANK_VARS", "LAUNCHER_VARS", "Config", "apply_aliases", "config",
+           "horo_name", "launcher_rank", "launcher_rank0", "read_env", "resolve_aliases", "share",
+           "started_by_launcher"]
 
 ALIAS_PREFIX = "HOROVOD_"
 #: Horovod variable families (suffixes, or suffix prefixes ending in ``_``) that horo reads under its own
@@ -26,7 +27,11 @@ ALIAS_PREFIX = "HOROVOD_"
 #: ``HORO_HIERARCHICAL_ALLGATHER``, ...) get their Horovod name without touching this module.
 ALIASED: tuple[str, ...] = ("FUSION_THRESHOLD", "CYCLE_TIME", "CACHE_CAPACITY", "TIMELINE", "STALL_",
                             "HIERARCHICAL_", "AUTOTUNE")
-_RANK_VARS = ("OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK", "SLURM_PROCID")
+#: The one list of the variables by which launchers tell each process its rank, read in this order: Open MPI,
+#: MPICH and Intel MPI (hydra), PMIx, MVAPICH, SLURM's srun.
+LAUNCHER_RANK_VARS = ("OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK", "MV2_COMM_WORLD_RANK", "SLURM_PROCID")
+#: Variables every rank of an MPI launcher has (SLURM's are not among them: an sbatch script has them too).
+LAUNCHER_VARS = ("OMPI_COMM_WORLD_SIZE", "PMI_RANK", "PMI_SIZE", "PMIX_RANK", "MV2_COMM_WORLD_SIZE", "MPI_LOCALRANKID")
 _warned: set[str] = set()
 _copied: dict[str, str] = {}  # HORO_ names apply_aliases set, with the value it set
 
@@ -43,17 +48,29 @@ def horo_name(name: str) -> str | None:
     return None
 
 
+def launcher_rank(environ: Mapping[str, str] | None = None) -> int | None:
+    """This process's rank as its launcher announced it (without initialising MPI), or None outside one."""
+    environ = os.environ if environ is None else environ
+    for var in LAUNCHER_RANK_VARS:
+        value = environ.get(var, "")
+        if value.isdigit():
+            return int(value)
+    return None
+
+
 def launcher_rank0(environ: Mapping[str, str] | None = None) -> bool:
     """Whether this process is rank 0 by its launcher's variables (True outside a launcher).
 
     Readable before MPI is initialised, so a message about the environment or the command line is printed
     once per job, not once per rank.
     """
+    return launcher_rank(environ) in (None, 0)
+
+
+def started_by_launcher(environ: Mapping[str, str] | None = None) -> bool:
+    """Whether an MPI launcher (mpiexec, hororun, srun with PMI/PMIx) started this process."""
     environ = os.environ if environ is None else environ
-    for var in _RANK_VARS:
-        if var in environ:
-            return environ[var] == "0"
-    return True
+    return any(var in environ for var in LAUNCHER_VARS)
 
 
 def resolve_aliases(environ: Mapping[str, str] | None = None) -> dict[str, str]:

@@ -1,10 +1,14 @@
-"""Level-1 BLAS for Adasum's arithmetic, from the OpenBLAS that numpy's wheels already carry.
+"""Level-1 BLAS for Adasum's arithmetic, from the OpenBLAS that numpy's wheels already carry: opt-in.
 
 numpy has no float32 dot with a float64 sum and no ``y = a·x + b·y`` in one pass; OpenBLAS has both
 (``dsdot``, ``?axpby``), and numpy's own wheels ship it (``numpy.libs`` on Linux, ``numpy/.dylibs`` on
-macOS), so no new dependency or compiler is needed. When that library, or its thread-local thread count,
-is not there (a numpy built against another BLAS), :data:`KERNELS` is None and Adasum uses its numpy path.
-``HORO_ADASUM_BLAS=0`` turns this module off.
+macOS), so no new dependency or compiler is needed. But no public API hands these routines out: SciPy's BLAS
+wrappers have neither, and this module finds the library by its place inside numpy's wheel and the routines
+by the scipy-openblas symbol names. So it is off unless ``HORO_ADASUM_BLAS=1``; off, or where the library or
+its thread-local thread count is missing (a numpy built against another BLAS), :data:`KERNELS` is None and
+Adasum uses its numpy path. The gain, on one process of this project's 2-core machine, 12.8 M value pairs
+through ``adasum.pairwise`` (median of 7): float32 49 ms against 138 ms (2.8x), float64 65 ms against 110 ms
+(1.7x); docs/adasum.md has what it does to a whole Adasum allreduce.
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["Kernels", "KERNELS", "load", "single_thread"]
+__all__ = ["Kernels", "KERNELS", "enabled", "load", "single_thread"]
 
 
 @dataclass(frozen=True)
@@ -49,9 +53,16 @@ def _bind(lib: Any, name: str, restype: Any, argtypes: list[Any]) -> Any:
     return fn
 
 
-def load() -> Kernels | None:
-    """The kernels from numpy's OpenBLAS, or None where it (or a routine) is missing."""
-    if os.environ.get("HORO_ADASUM_BLAS", "1").strip().lower() in ("0", "false", "no", "off"):
+def enabled(environ: dict[str, str] | None = None) -> bool:
+    """``HORO_ADASUM_BLAS=1`` (or true, yes, on) asks for the kernels."""
+    env = os.environ if environ is None else environ
+    return env.get("HORO_ADASUM_BLAS", "0").strip().lower() in ("1", "true", "yes", "on")
+
+
+def load(force: bool = False) -> Kernels | None:
+    """The kernels from numpy's OpenBLAS when asked for (``force``, or :func:`enabled`), else None; None too
+    where the library (or a routine) is missing."""
+    if not (force or enabled()):
         return None
     for path in _candidates():
         try:
@@ -81,12 +92,13 @@ KERNELS = load()
 
 
 @contextlib.contextmanager
-def single_thread(kernels: Kernels | None = KERNELS) -> Iterator[None]:
-    """Run OpenBLAS on one thread in this thread only, for the block.
+def single_thread(kernels: Kernels | None = None) -> Iterator[None]:
+    """Run OpenBLAS on one thread in this thread only, for the block (``kernels``: default :data:`KERNELS`).
 
     OpenBLAS threads a level-1 call above ~10,000 elements; on a loaded machine (every core already runs a
     rank) that measured 30-90x slower here. Other threads' BLAS settings are untouched.
     """
+    kernels = KERNELS if kernels is None else kernels
     if kernels is None:
         yield
         return

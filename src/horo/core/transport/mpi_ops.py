@@ -22,35 +22,38 @@ from ..base.watchdog import guarded, progress
 from . import adasum, half_reduce, hierarchy, mpi_env, ring
 from .half_reduce import scatter_counts
 
-__all__ = ["ALIGN", "empty", "aligned_view", "allreduce_into", "hierarchical_allreduce", "allgather",
-           "broadcast_into", "alltoall", "reducescatter", "scatter_counts"]
+__all__ = ["ALIGN", "DATATYPES", "HIERARCHY_OVERRIDE", "ONE_CALL_BYTES", "SMALL_BYTES", "aligned_view", "allgather",
+           "allreduce_into", "alltoall", "broadcast_into", "empty", "hierarchical_allreduce", "load", "mpi_op",
+           "reducescatter", "result_buffer", "scatter_counts", "set_hierarchical", "use_wrapping_sums"]
 
 # Filled on first use: importing horo must not start MPI (hororun imports it before spawning mpiexec).
 MPI: Any = None
 _MPI_OPS: dict[ReduceOp, Any] = {}
 _BOOL_OPS: dict[ReduceOp, Any] = {}
-_DATATYPES: dict[np.dtype, Any] = {}
+DATATYPES: dict[np.dtype, Any] = {}
 
 
-def _load() -> None:
+def load() -> Any:
+    """Import ``mpi4py.MPI`` (which starts MPI) and fill the tables; returns the module."""
     global MPI
     from mpi4py import MPI as mpi
 
     _MPI_OPS.update({Sum: mpi.SUM, Average: mpi.SUM, Min: mpi.MIN, Max: mpi.MAX, Product: mpi.PROD})
     _BOOL_OPS.update({Sum: mpi.LOR, Max: mpi.LOR, Min: mpi.LAND, Product: mpi.LAND})
     # Predefined datatypes only: MPI reductions are undefined on derived ones.
-    _DATATYPES.update({
+    DATATYPES.update({
         np.dtype(np.int8): mpi.INT8_T, np.dtype(np.uint8): mpi.UINT8_T, np.dtype(np.int16): mpi.INT16_T,
         np.dtype(np.uint16): mpi.UINT16_T, np.dtype(np.int32): mpi.INT32_T, np.dtype(np.uint32): mpi.UINT32_T,
         np.dtype(np.int64): mpi.INT64_T, np.dtype(np.uint64): mpi.UINT64_T, np.dtype(np.float32): mpi.FLOAT,
         np.dtype(np.float64): mpi.DOUBLE, np.dtype(np.bool_): mpi.C_BOOL,
     })
     MPI = mpi
+    return mpi
 
 
-def _mpi_op(op: ReduceOp, dtype: np.dtype) -> Any:
+def mpi_op(op: ReduceOp, dtype: np.dtype) -> Any:
     if MPI is None:
-        _load()
+        load()
     if dtype == np.bool_:
         return _BOOL_OPS[op]
     if _SMALL_INT_SUM and (op is Sum or op is Average) and dtype in _SMALL_INT_SUM:
@@ -65,7 +68,7 @@ def use_wrapping_sums(saturating: bool) -> None:
     """Sum 8- and 16-bit integers with horo's operation when MPI's saturates (agreed at init: every rank
     must pass the same operation to a collective)."""
     if MPI is None:
-        _load()
+        load()
     if saturating and not _SMALL_INT_SUM:
         op = mpi_env.wrapping_sum(MPI)
         _SMALL_INT_SUM.update(dict.fromkeys(mpi_env.SMALL_INTEGERS, op))
@@ -73,8 +76,8 @@ def use_wrapping_sums(saturating: bool) -> None:
 
 def _typed(arr: np.ndarray) -> list[Any]:
     if MPI is None:
-        _load()
-    return [arr, _DATATYPES[arr.dtype]]
+        load()
+    return [arr, DATATYPES[arr.dtype]]
 
 
 def _finish(buf: np.ndarray, op: ReduceOp, size: int, postscale: float) -> None:
@@ -98,18 +101,18 @@ def allreduce_into(comm: Any, send: np.ndarray, out: np.ndarray, op: ReduceOp,
             on every rank).
     """
     if MPI is None:
-        _load()
+        load()
     if op is Adasum:  # never chunked: its coefficients are per tensor, over the whole tensor
         return adasum.adasum_into(comm, send, out, prescale, postscale, segments)
     size = comm.Get_size()
     nbytes = send.nbytes
     if (prescale == 1.0 and send.dtype not in _UPCAST
-            and (nbytes <= _ONE_CALL_BYTES or nbytes <= 8 * (chunk_bytes or config["HORO_CHUNK_BYTES"]))
+            and (nbytes <= ONE_CALL_BYTES or nbytes <= 8 * (chunk_bytes or config["HORO_CHUNK_BYTES"]))
             and not _hier_on("HORO_HIERARCHICAL_ALLREDUCE")):
         # One MPI call and nothing else (what the loop below would do for it too): its general form costs
         # ~5 µs of Python more, and 2-3x that right after a 1 MiB transfer has left the caches cold.
         if send is out:
-            comm.Allreduce(MPI.IN_PLACE, [out, _DATATYPES[out.dtype]], op=_mpi_op(op, out.dtype))
+            comm.Allreduce(MPI.IN_PLACE, [out, DATATYPES[out.dtype]], op=mpi_op(op, out.dtype))
         else:
             _out_of_place(comm, send, out, op)
         if op is Average or postscale != 1.0:
@@ -129,20 +132,20 @@ def allreduce_into(comm: Any, send: np.ndarray, out: np.ndarray, op: ReduceOp,
     if prescale != 1.0:
         scale_into(np, src, prescale, dst)
         inplace = True
-    mpi_op = _mpi_op(op, out.dtype)
+    red_op = mpi_op(op, out.dtype)
     topo = _hierarchy(comm, "HORO_HIERARCHICAL_ALLREDUCE")
     if topo is not None:
         # Pipelined pieces: big enough that a leaders' round trip per piece is small against its transfer,
         # small enough that the three stages overlap (one 64 MiB buffer at a time left the link idle).
         step = max(1, _HIER_PIECE_BYTES // out.dtype.itemsize)
-        hierarchy.reduce_pipelined(topo, src, dst, inplace, mpi_op, step, _typed, progress)
+        hierarchy.reduce_pipelined(topo, src, dst, inplace, red_op, step, _typed, progress)
         _finish(dst, op, size, postscale)
         return out
     step = max(1, chunk // out.dtype.itemsize)
     for s in range(0, max(src.size, 1), step):
         piece = dst[s:s + step]
         if inplace:
-            comm.Allreduce(MPI.IN_PLACE, _typed(piece), op=mpi_op)
+            comm.Allreduce(MPI.IN_PLACE, _typed(piece), op=red_op)
         else:
             _out_of_place(comm, src[s:s + step], piece, op)
         _finish(piece, op, size, postscale)
@@ -152,34 +155,34 @@ def allreduce_into(comm: Any, send: np.ndarray, out: np.ndarray, op: ReduceOp,
 
 def _out_of_place(comm: Any, send: np.ndarray, out: np.ndarray, op: ReduceOp) -> None:
     """One flat out-of-place reduction: horo's ring from HORO_RING_MIN_BYTES (see ring.py), else MPI's."""
-    dt = _DATATYPES[out.dtype]
+    dt = DATATYPES[out.dtype]
     if ring.usable(comm.Get_size(), out.nbytes, out.dtype, op, config["HORO_RING_MIN_BYTES"]):
         ring.allreduce(comm, send, out, op, dt, MPI.IN_PLACE)
     else:
-        comm.Allreduce([send, dt], [out, dt], op=_mpi_op(op, out.dtype))
+        comm.Allreduce([send, dt], [out, dt], op=mpi_op(op, out.dtype))
 
 
 _HIER_PIECE_BYTES = 1 << 20
-_ONE_CALL_BYTES = 64 << 10  # below every chunk size the config or autotune may choose (their minimum is larger)
+ONE_CALL_BYTES = 64 << 10  # below every chunk size the config or autotune may choose (their minimum is larger)
 
 
-class _HierLocal(threading.local):
+class _HierarchyOverride(threading.local):
     value: tuple[bool, bool] | None = None  # a class default: a missing attribute would cost an exception
 
 
-_HIER_LOCAL = _HierLocal()  # an engine round's tuned (allreduce, allgather) algorithm, on its thread
+HIERARCHY_OVERRIDE = _HierarchyOverride()  # an engine round's tuned (allreduce, allgather) algorithm, on its thread
 
 
 def set_hierarchical(value: tuple[bool, bool] | None) -> tuple[bool, bool] | None:
     """Make this thread's allreduces/allgathers hierarchical or flat regardless of the config (None: follow
     it); returns the previous value. The autotuner's engine rounds use it: all ranks switch at one round."""
-    before = _HIER_LOCAL.value
-    _HIER_LOCAL.value = value
+    before = HIERARCHY_OVERRIDE.value
+    HIERARCHY_OVERRIDE.value = value
     return before
 
 
 def _hier_on(knob: str) -> bool:
-    value = _HIER_LOCAL.value
+    value = HIERARCHY_OVERRIDE.value
     if value is not None:
         return value[0] if knob == "HORO_HIERARCHICAL_ALLREDUCE" else value[1]
     return bool(config.get(knob))
@@ -221,7 +224,7 @@ def _allreduce_16bit(comm: Any, src: np.ndarray, dst: np.ndarray, op: ReduceOp, 
 ALIGN = 64  # bytes: frameworks adopt a result without copying only at this alignment (TF: Eigen's)
 
 
-_SMALL_BYTES = 4096
+SMALL_BYTES = 4096
 
 
 def empty(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
@@ -231,7 +234,7 @@ def empty(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
     makes of a misaligned 4 KiB array.
     """
     nbytes = math.prod(shape) * dtype.itemsize
-    if nbytes <= _SMALL_BYTES:
+    if nbytes <= SMALL_BYTES:
         return np.empty(shape, dtype)
     return aligned_view(np.empty(nbytes + ALIGN, np.uint8), nbytes, dtype).reshape(shape)
 
@@ -291,7 +294,7 @@ def result_buffer(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
 
 def _bytes(arr: np.ndarray) -> np.ndarray:
     if MPI is None:
-        _load()
+        load()
     return arr.reshape(-1).view(np.uint8)
 
 
@@ -347,6 +350,6 @@ def reducescatter(comm: Any, send: np.ndarray, op: ReduceOp, prescale: float = 1
         work = scale_into(np, work, prescale, np.empty_like(work) if work is send else work)
     out = empty((int(rows[rank]),) + send.shape[1:], work.dtype)
     comm.Reduce_scatter(_typed(np.ascontiguousarray(work)), _typed(out), recvcounts=rows * row_elems,
-                        op=_mpi_op(op, work.dtype))
+                        op=mpi_op(op, work.dtype))
     _finish(out, op, size, postscale)
     return half_reduce.narrow(out, send.dtype) if upcast else out
