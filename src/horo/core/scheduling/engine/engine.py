@@ -89,7 +89,7 @@ class Engine(Waiting, Rounds, Matching, Execution, Peers, Stalls, Tuning):
         self.cache_on = self.capacity > 0
         self.knobs = self.configured_knobs()
         self.hierarchical: tuple[bool, bool] | None = None  # tuned (allreduce, allgather) unlike the config
-        # Autotune (see core/autotune): every rank carries _TUNE header words while ``tuning``; only rank 0
+        # Autotune (see scheduling/autotune): every rank carries TUNE header words while ``tuning``; only rank 0
         # has a ``tuner``. ``knob_log`` records (round, knobs) of every change, for tests and the bench.
         self.tuning = autotune
         self.tuner = tuner
@@ -126,7 +126,7 @@ class Engine(Waiting, Rounds, Matching, Execution, Peers, Stalls, Tuning):
         self.helped = False  # the last round with work ran on a caller: defer the engine's wake-up (_HELP_GRACE_S)
         self.helped_at = 0.0  # when a caller last ran a round (monotonic)
         self.waiters = 0  # callers blocked in synchronize() while this thread runs the rounds
-        self.stirs = 0  # submissions, waiters and requests to stop or join so far (see _stir)
+        self.stirs = 0  # submissions, waiters and requests to stop or join so far (see stir)
         self.deferred_since: float | None = None  # when a submission left the engine asleep; None: woken
         self.wakes = 0  # times the engine thread woke while parked (a diagnostic: profiling reads it)
         self.alone_rounds = 0  # rounds run by _round_alone (a diagnostic: tests read it)

@@ -1,7 +1,8 @@
 """NCCL for collectives on GPU tensors: data movement on CuPy arrays (``cupy.cuda.nccl``).
 
 The device-side twin of ``mpi_ops``: these functions assume their arguments were validated locally and
-agreed across ranks (see ``collectives`` and ``backends.gpu``), and they move data between GPUs without host copies.
+agreed across ranks (see ``api.collectives`` and ``api.backends.gpu``), and they move data between GPUs
+without host copies.
 
 * One :class:`NcclBackend` per MPI communicator (a process set's direct communicator and its engine's own
   one each get theirs, so the caller's thread and the engine thread never share an NCCL communicator). It
