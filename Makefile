@@ -59,7 +59,7 @@ dist: $(STAMP)
 	$(PY) -m build --outdir dist .
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check src tests examples
+	$(VENV)/bin/ruff check src tests examples tools
 
 clean:
 	rm -rf $(VENV) $(MPICH_VENV) build dist *.egg-info src/*.egg-info .pytest_cache
