@@ -14,6 +14,7 @@ from ...core.base.ops import Adasum
 from ...plugins.fused import FusedAllreduce
 from ...plugins.grad_settings import Settings
 from ...plugins.half_exchange import WIRE_DTYPES, HalfExchange
+from ...torch.compression import Compression
 from ...torch.tensors import TorchMath, to_host, to_tensor
 
 __all__ = ["exchange", "LocalAggregator", "GRAD_NAME"]
@@ -26,23 +27,10 @@ def _on_device_of(a: np.ndarray, like: Any) -> Any:
     return to_tensor(a, like.device)
 
 
-def _compress(t: Any, compression: Any) -> tuple[Any, Any]:
+def _torch_compressor(compression: Any) -> Any:
+    """The torch compressor doing what ``compression`` (horo's, or a user's written for torch tensors) asks."""
     wire = getattr(compression, "wire_dtype", "custom")
-    if wire is None:
-        return t, None
-    if wire in ("float16", "bfloat16"):
-        target = torch.float16 if wire == "float16" else torch.bfloat16
-        if t.is_floating_point() and t.dtype != target:
-            return t.to(target), t.dtype
-        return t, None
-    return compression.compress(t)
-
-
-def _decompress(t: Any, ctx: Any, compression: Any) -> Any:
-    wire = getattr(compression, "wire_dtype", "custom")
-    if wire in (None, "float16", "bfloat16"):
-        return t if ctx is None else t.to(ctx)
-    return compression.decompress(t, ctx)
+    return {None: Compression.none, "float16": Compression.fp16, "bfloat16": Compression.bf16}.get(wire, compression)
 
 
 def check_not_compiled() -> None:
@@ -62,13 +50,14 @@ def exchange(grads: Sequence[Any], settings: Settings, fused: FusedAllreduce) ->
     idx = [i for i, g in enumerate(grads) if g is not None]
     if not idx:
         return grads
-    wires, ctxs = zip(*(_compress(grads[i].detach(), settings.compression) for i in idx))
+    compressor = _torch_compressor(settings.compression)
+    wires, ctxs = zip(*(compressor.compress(grads[i].detach()) for i in idx))
     if settings.op is not Adasum and all(w.is_cuda for w in wires):
         outs = core.grouped_allreduce(  # CUDA gradients: one NCCL group on the GPU, no host copy
             list(wires), op=settings.op, prescale_factor=settings.prescale_factor,
             postscale_factor=settings.postscale_factor, process_set=settings.process_set, name=GRAD_NAME)
         for k, i in enumerate(idx):
-            grads[i] = _decompress(outs[k], ctxs[k], settings.compression)
+            grads[i] = compressor.decompress(outs[k], ctxs[k])
         return grads
     wire_kind = getattr(settings.compression, "wire_dtype", None)
     half = [k for k, w in enumerate(wires) if wire_kind in WIRE_DTYPES and str(w.dtype) == f"torch.{wire_kind}"
@@ -82,7 +71,7 @@ def exchange(grads: Sequence[Any], settings: Settings, fused: FusedAllreduce) ->
                        settings.postscale_factor, settings.process_set, GRAD_NAME)
         outs.update((k, _on_device_of(a, wires[k])) for k, a in zip(rest, arrays))
     for k, i in enumerate(idx):
-        grads[i] = _decompress(outs[k], ctxs[k], settings.compression)
+        grads[i] = compressor.decompress(outs[k], ctxs[k])
     return grads
 
 
