@@ -6,6 +6,8 @@ from typing import Any
 
 import numpy as np
 
+from .errors import short_repr
+
 __all__ = ["SUPPORTED_DTYPES", "BFLOAT16", "as_host_array", "check_dtype", "needs_upcast", "dtype_name"]
 
 try:  # ml_dtypes is a base dependency, but keep the core importable without it.
@@ -66,14 +68,10 @@ def as_host_array(value: Any, arg: str = "tensor") -> np.ndarray:
         arr = np.asarray(value)
     else:
         raise TypeError(
-            f"Expected an array for {arg}. Received: {arg}={_short(value)} of type {type(value).__name__}. "
+            f"Expected an array for {arg}. Received: {arg}={short_repr(value)} of type {type(value).__name__}. "
             "HINT: pass a numpy array (or a framework tensor through horo.keras / horo.torch / "
             "horo.tensorflow); use broadcast_object/allgather_object for Python objects."
         )
     check_dtype(arr.dtype, arg)
     return arr
 
-
-def _short(value: Any) -> str:
-    text = repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."

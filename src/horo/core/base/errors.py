@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 __all__ = [
     "HoroError",
     "NotInitializedError",
@@ -11,6 +13,7 @@ __all__ = [
     "HorovodInternalError",
     "HoroTypeError",
     "HoroValueError",
+    "short_repr",
 ]
 
 
@@ -49,3 +52,9 @@ class HoroTypeError(TypeError, ValueError):
 class HoroValueError(ValueError, RuntimeError):
     """A bad argument value where Horovod raises RuntimeError (from its C++ core): catches as either
     (e.g. ``reducescatter(op=Adasum)``)."""
+
+
+def short_repr(value: Any) -> str:
+    """``repr(value)``, cut to 60 characters, for the ``Received:`` part of a message."""
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."

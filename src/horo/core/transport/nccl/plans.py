@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 
 from ...base.dtypes import BFLOAT16
+from ...base.errors import short_repr
 from ...base.ops import Average, Max, Min, Product, ReduceOp, Sum
 from ..mpi_ops import scatter_counts
 
@@ -59,7 +60,7 @@ def normalize_unique_id(uid: Any) -> bytes:
     elif isinstance(uid, (tuple, list)):
         if not all(isinstance(v, (int, np.integer)) and not isinstance(v, bool) for v in uid):
             raise TypeError(
-                f"An NCCL unique id tuple must hold ints. Received: uid={_short(uid)}. "
+                f"An NCCL unique id tuple must hold ints. Received: uid={short_repr(uid)}. "
                 "HINT: pass what cupy.cuda.nccl.get_unique_id() returned, unchanged."
             )
         bad = [int(v) for v in uid if not -128 <= int(v) <= 255]
@@ -252,8 +253,4 @@ def gpu_operations(environ: dict[str, str] | None = None) -> str:
         )
     return value
 
-
-def _short(value: Any) -> str:
-    text = repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."
 
