@@ -87,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
                     variants[k if k.startswith("raw") else f"{label} {k}"] = fn
             timing = time_interleaved(comm, variants, iters=bench_allreduce._auto_iters(count * 4),
                                       repeats=args.repeats, warmup=3, min_time=args.min_time)
-            judge(fmt_size(count * 4), timing, {k: v for k, v in bench_allreduce.BASELINE.items()})
+            judge(fmt_size(count * 4), timing, {k: (v,) for k, v in bench_allreduce.BASELINE.items()})
             if rank == 0:
                 print(f"  allreduce {fmt_size(count * 4)} done", file=sys.stderr, flush=True)
     if "fusion" in args.benches:
