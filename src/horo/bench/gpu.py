@@ -105,7 +105,7 @@ def main(argv: list[str]) -> int:
     try:
         import torch
 
-        import horo.torch as hvd_torch
+        import horo.torch as hvd_torch  # lazy: imports torch
 
         torch_cuda = torch.cuda.is_available()
     except ImportError:

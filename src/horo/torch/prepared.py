@@ -3,7 +3,7 @@
 ``horo.torch.allreduce_`` on a CUDA tensor whose dtype, shape, device and arguments match an earlier checked
 call skips the checks, the CuPy view and the backend lookup: it agrees with the other ranks (16 bytes over
 MPI, so mismatches still raise on every rank) and launches NCCL on torch's current stream at the tensor's
-pointer (``core.prepared``). Gradient buckets (``buckets.py``) run the same plans on their side stream.
+pointer (``core.api.gpu_prepared``). Gradient buckets (``buckets.py``) run the same plans on their side stream.
 """
 
 from __future__ import annotations

@@ -134,8 +134,9 @@ class PreparedAllreduce:
         to joined ranks); the scale factors are applied there."""
         try:
             meta = DeviceMeta(self.dtype, self.shape)
-            return backends.of(meta).allreduce(self.ps, tensor, meta, self.op, self.pre, self.post, True, joined,
-                                               self.what)
+            op = backends.of(meta).allreduce(self.ps, tensor, meta, self.op, self.pre, self.post, True, joined,
+                                             self.what)
+            return op.run(self.ps.comm)
         except Exception as exc:
             raise_failure(exc, self.what)
             raise
