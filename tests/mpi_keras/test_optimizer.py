@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from keras_util import agree, assert_16bit_sum, assert_same_on_all_ranks, mlp, rank_slices, regression_data, weights_of
+from keras_util import JIT, agree, assert_16bit_sum, assert_same_on_all_ranks, mlp, rank_slices, regression_data, weights_of
 
 B = 4  # per-rank batch
 STEPS = 3
@@ -46,7 +46,7 @@ def _make(case, world):
 
 def _fit(model, opt, x, y, batch, eager=False):
     # References run eagerly: no tracing, and a second code path to compare the traced one against.
-    model.compile(optimizer=opt, loss="mse", jit_compile=False, run_eagerly=eager)
+    model.compile(optimizer=opt, loss="mse", jit_compile=JIT and not eager, run_eagerly=eager)
     model.fit(x, y, batch_size=batch, epochs=1, shuffle=False, verbose=0)
     return weights_of(model)
 
@@ -165,7 +165,7 @@ def test_models_that_differ_between_ranks_raise_everywhere_instead_of_hanging(hv
     import keras
 
     model = keras.Sequential([keras.Input((6,)), keras.layers.Dense(8 + rank), keras.layers.Dense(2)])
-    model.compile(optimizer=hvd.DistributedOptimizer(keras.optimizers.SGD(0.1)), loss="mse", jit_compile=False)
+    model.compile(optimizer=hvd.DistributedOptimizer(keras.optimizers.SGD(0.1)), loss="mse", jit_compile=JIT)
     x, y = regression_data(8, 2 * B)
     with pytest.raises(Exception, match="ranks disagree on") as info:
         model.fit(x, y, batch_size=B, epochs=1, verbose=0)
@@ -183,19 +183,27 @@ def test_16bit_exchange_scales_and_is_identical_on_all_ranks(hvd, multi, rank, b
     shapes = [(7, 3), (5,), (1,)]
     mine = [np.random.default_rng(rank).standard_normal(s) * 1e-5 for s in shapes]
     dtypes = ["float32", "float32", "float64"]
-    if backend == "torch":
-        import torch
-
-        grads = [torch.tensor(a, dtype=getattr(torch, d)) for a, d in zip(mine, dtypes)]
-    else:
-        import tensorflow as tf
-
-        grads = [tf.constant(a, dtype=d) for a, d in zip(mine, dtypes)]
     settings = Settings(op=hvd.Sum, compression=getattr(hvd.Compression, compression), prescale_factor=0.5,
                         postscale_factor=3.0, sparse_as_dense=False, backward_passes_per_step=1,
                         average_aggregated_gradients=False, process_set=None)
     fused = FusedAllreduce()
-    outs = [backends.current().exchange(grads + [None], settings, fused) for _ in range(2)][-1]
+    if backend == "torch":
+        import torch
+
+        grads = [torch.tensor(a, dtype=getattr(torch, d)) for a, d in zip(mine, dtypes)]
+    elif backend == "jax":
+        import jax
+
+        with jax.enable_x64(True):  # a float64 gradient; traced too, as inside Keras's compiled step
+            grads = [jax.numpy.asarray(a, dtype=d) for a, d in zip(mine, dtypes)]
+            step = jax.jit(lambda *gs: backends.current().exchange(list(gs) + [None], settings, fused)[:3])
+            outs = [step(*grads) for _ in range(2)][-1] + [None]
+    else:
+        import tensorflow as tf
+
+        grads = [tf.constant(a, dtype=d) for a, d in zip(mine, dtypes)]
+    if backend != "jax":
+        outs = [backends.current().exchange(grads + [None], settings, fused) for _ in range(2)][-1]
     shares = [[np.random.default_rng(r).standard_normal(s) * 1e-5 for r in range(multi)] for s in shapes]
 
     def check():
