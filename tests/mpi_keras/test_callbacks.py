@@ -46,6 +46,29 @@ def test_broadcast_makes_model_and_optimizer_equal_before_the_first_step(hvd, wo
     assert_same_on_all_ranks(weights_of(model) + [to_numpy(v) for v in opt.variables])
 
 
+def test_broadcast_leaves_local_variables_alone(hvd, world, rank):
+    import keras
+
+    model = mlp(seed=110 + rank)
+    mine = weights_of(model)
+    model.compile(optimizer=hvd.DistributedOptimizer(keras.optimizers.SGD(0.0)), loss="mse", jit_compile=JIT)
+    x, y = regression_data(12, B)
+    cb = hvd.callbacks.BroadcastGlobalVariablesCallback(0, local_variables=model.layers[0].weights)
+    model.fit(x, y, batch_size=B, epochs=1, verbose=0, callbacks=[cb])
+    got = weights_of(model)
+    root = hvd.broadcast_object(mine, root_rank=0)
+
+    def check():
+        for i in (0, 1):
+            np.testing.assert_array_equal(got[i], mine[i])  # lr 0: still this rank's own values
+        for i in (2, 3):
+            np.testing.assert_array_equal(got[i], root[i])
+        with pytest.raises(TypeError, match="HINT:"):
+            hvd.callbacks.BroadcastGlobalVariablesCallback(0, local_variables=["kernel"])
+
+    agree(check)
+
+
 def test_metric_average_updates_logs_in_place_for_later_callbacks(hvd, world, rank):
     import keras
 

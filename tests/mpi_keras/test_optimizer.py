@@ -215,3 +215,58 @@ def test_16bit_exchange_scales_and_is_identical_on_all_ranks(hvd, multi, rank, b
 
     agree(check)
     assert_same_on_all_ranks([np.asarray(o) for o in outs[:3]], what="gradients")
+
+
+def test_partial_optimizer_keeps_local_layers_local(hvd, world, rank):
+    # One step from identical weights: the shared layer moves as one process on the whole batch would, the
+    # local layer as a plain SGD on this rank's data with lr / size (Horovod's scale_local_gradients).
+    import keras
+
+    x, y = regression_data(30, world * B)
+    mine_x, mine_y = rank_slices(x, world, rank, B), rank_slices(y, world, rank, B)
+    shared_ref = _fit(mlp(seed=9), keras.optimizers.SGD(0.1), x, y, world * B, eager=True)
+    local_ref = _fit(mlp(seed=9), keras.optimizers.SGD(0.1 / world), mine_x, mine_y, B, eager=True)
+    model = mlp(seed=9)
+    opt = hvd.PartialDistributedOptimizer(keras.optimizers.SGD(0.1), local_layers=model.layers[0])
+    got = _fit(model, opt, mine_x, mine_y, B)
+
+    def check():
+        for i in (0, 1):  # kernel and bias of the local Dense
+            np.testing.assert_allclose(got[i], local_ref[i], rtol=2e-5, atol=2e-6, err_msg=f"local weight {i}")
+        for i in (2, 3):
+            np.testing.assert_allclose(got[i], shared_ref[i], rtol=2e-5, atol=2e-6, err_msg=f"shared weight {i}")
+        with pytest.raises(TypeError, match="HINT:"):
+            hvd.PartialDistributedOptimizer(keras.optimizers.SGD(0.1), local_layers=["dense"])
+
+    agree(check)
+    assert_same_on_all_ranks(got[2:])
+
+
+def test_jax_step_is_traced_once_and_a_mismatch_raises_horo_error(hvd, multi, rank, backend, monkeypatch):
+    if backend != "jax":
+        pytest.skip("JAX-backend behaviour")
+    import keras
+
+    import horo
+    from horo.jax import exchange as jex
+    from horo.keras.backend import jax as kjax
+
+    traced = []
+    real = jex.reduce_gradients
+
+    def counting(*args, **kwargs):
+        traced.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(kjax, "reduce_gradients", counting)
+    x, y = regression_data(31, B * 6)
+    model = mlp(seed=10)
+    _fit(model, hvd.DistributedOptimizer(keras.optimizers.SGD(0.1)), x, y, B)
+    model.fit(x, y, batch_size=B, epochs=2, shuffle=False, verbose=0)
+    agree(lambda: len(traced) == 1 or (_ for _ in ()).throw(AssertionError(f"traced {len(traced)} times")))
+
+    # A mismatch inside the compiled step is raised as horo's MismatchError itself, on every rank.
+    bad = keras.Sequential([keras.Input((6,)), keras.layers.Dense(8 + rank), keras.layers.Dense(2)])
+    bad.compile(optimizer=hvd.DistributedOptimizer(keras.optimizers.SGD(0.1)), loss="mse", jit_compile=True)
+    with pytest.raises(horo.MismatchError, match="ranks disagree on"):
+        bad.fit(x[:2 * B], y[:2 * B], batch_size=B, epochs=1, verbose=0)

@@ -15,7 +15,8 @@ import numpy as np
 from .. import core
 from ..core.compression import Compression
 from ..core.mpi_ops import scatter_counts
-from ..core.ops import Average, resolve_op
+from ..core.errors import HoroValueError
+from ..core.ops import Average, Sum, resolve_op
 from ..core.process_sets import ProcessSet, resolve
 from ..plugins.packing import broadcast_arrays
 from ._host import host_call, is_traced, np_dtype
@@ -143,6 +144,9 @@ def reducescatter(tensor: Any, op: Any = Average, name: str | None = None, proce
     name = name or "horo.jax.reducescatter"
     ps = resolve(process_set, name)
     rop = resolve_op(op, None)
+    if rop not in (Sum, Average):  # checked here: inside jit the core would only see it when the step runs
+        raise HoroValueError(f"{name}: reducescatter sums or averages. Received: op={rop!r}. "
+                             "HINT: use horo.Sum or horo.Average.")
     if x.ndim == 0:
         raise ValueError(f"{name}: reducescatter splits dim 0. Received: a 0-d tensor. HINT: reshape to (n, ...).")
     rows = int(scatter_counts(x.shape[0], ps.size())[ps.rank()])
