@@ -4,7 +4,16 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from keras_util import JIT, agree, assert_16bit_sum, assert_same_on_all_ranks, mlp, rank_slices, regression_data, weights_of
+from keras_util import (
+    JIT,
+    agree,
+    assert_16bit_sum,
+    assert_same_on_all_ranks,
+    mlp,
+    rank_slices,
+    regression_data,
+    weights_of,
+)
 
 B = 4  # per-rank batch
 STEPS = 3

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from keras_util import JIT, agree, synced, assert_same_on_all_ranks, mlp, regression_data, to_numpy, weights_of
+from keras_util import JIT, agree, assert_same_on_all_ranks, mlp, regression_data, synced, to_numpy, weights_of
 
 B = 4
 

@@ -39,7 +39,7 @@ __all__ = [
     *_shared,
     "Compression", "allreduce", "grouped_allreduce", "allgather", "broadcast", "alltoall", "reducescatter",
     "broadcast_parameters", "broadcast_optimizer_state", "broadcast_variables", "broadcast_object",
-    "allgather_object", "barrier", "join", "DistributedOptimizer", "DistributedState", "elastic",
+    "allgather_object", "barrier", "join", "DistributedOptimizer", "DistributedState", "elastic",  # noqa: F405
 ]
 
 

@@ -14,8 +14,8 @@ import numpy as np
 
 from .. import core
 from ..core.compression import Compression
-from ..core.mpi_ops import scatter_counts
 from ..core.errors import HoroValueError
+from ..core.mpi_ops import scatter_counts
 from ..core.ops import Average, Sum, resolve_op
 from ..core.process_sets import ProcessSet, resolve
 from ..plugins.packing import broadcast_arrays

@@ -38,7 +38,8 @@ __all__ = [
     *_shared,
     "Compression", "allreduce", "allgather", "broadcast", "reducescatter", "broadcast_object",
     "allgather_object", "barrier", "join", "broadcast_variables", "broadcast_global_variables",
-    "DistributedOptimizer", "PartialDistributedOptimizer", "is_distributed", "load_model", "save_atomic", "callbacks", "elastic",  # noqa: F405
+    "DistributedOptimizer", "PartialDistributedOptimizer", "is_distributed", "load_model", "save_atomic",
+    "callbacks", "elastic",  # noqa: F405
 ]
 
 
