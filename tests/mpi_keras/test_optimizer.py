@@ -279,3 +279,21 @@ def test_jax_step_is_traced_once_and_a_mismatch_raises_horo_error(hvd, multi, ra
     bad.compile(optimizer=hvd.DistributedOptimizer(keras.optimizers.SGD(0.1)), loss="mse", jit_compile=True)
     with pytest.raises(horo.MismatchError, match="ranks disagree on"):
         bad.fit(x[:2 * B], y[:2 * B], batch_size=B, epochs=1, verbose=0)
+
+
+def test_process_set_averages_over_its_ranks_only(hvd, multi, rank):
+    # Ranks 0 and 1 train together on a set of their own; any other rank trains alone, with no exchange.
+    import keras
+
+    ps = hvd.add_process_set([0, 1])
+    try:
+        x, y = regression_data(32, 2 * B * STEPS)
+        expected = _fit(mlp(seed=11), keras.optimizers.SGD(0.1), x, y, 2 * B, eager=True)
+        if rank < 2:
+            opt = hvd.DistributedOptimizer(keras.optimizers.SGD(0.1), process_set=ps)
+            got = _fit(mlp(seed=11), opt, rank_slices(x, 2, rank, B), rank_slices(y, 2, rank, B), B)
+        else:
+            got = expected
+        agree(lambda: [np.testing.assert_allclose(g, e, rtol=2e-5, atol=2e-6) for g, e in zip(got, expected)])
+    finally:
+        hvd.remove_process_set(ps)

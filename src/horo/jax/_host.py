@@ -7,9 +7,9 @@ order, which is the order horo's agreement checks. The callback is made at trace
 step calls the same compiled program, with its callbacks, at every step.
 
 Errors: an exception raised inside a compiled callback reaches the caller as a ``JaxRuntimeError`` that
-only quotes it. The original is kept here (``pending_error``) so that horo's own boundaries (the Keras
-train step, ``horo.jax.run_step``) re-raise horo's exception (``MismatchError``, ``HoroInternalError``)
-itself; the elastic runner needs neither, it learns a peer failed from the core.
+quotes it. The original is kept here (``pending_error``) so that a boundary horo owns (Keras's train
+function on JAX) re-raises horo's exception (``MismatchError``, ``HoroInternalError``) itself; the elastic
+runner needs neither, it learns from the core that a peer failed.
 """
 
 from __future__ import annotations
@@ -79,6 +79,9 @@ def host_call(fn: Callable[..., Sequence[np.ndarray]], args: Sequence[Any], out:
 
     specs = [jax.ShapeDtypeStruct(tuple(s), np.dtype(d)) for s, d in out]
     if not is_traced(*args):
+        # Compiled steps dispatched before run their callbacks on a runtime thread on GPUs: let them finish,
+        # so that this process's collectives keep program order (on CPU they have already run).
+        jax.effects_barrier()
         results = fn(*[_to_host(a) for a in args])
         return [jnp.asarray(r, dtype=s.dtype).reshape(s.shape) for r, s in zip(results, specs)]
 
