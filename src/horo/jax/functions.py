@@ -87,15 +87,20 @@ def allgather(tensor: Any, name: str | None = None, process_set: ProcessSet | No
     rows = size * x.shape[0] if x.ndim else size
 
     def run(a: np.ndarray) -> list[np.ndarray]:
-        out = core.allgather(a, name=name, process_set=process_set)
-        if out.shape[0] != rows:  # every rank sees the same total, so every rank raises
-            raise ValueError(f"{name}: inside jit every rank must gather the same number of rows, so that the "
-                             f"result's shape is known when tracing. Received: {out.shape[0]} rows in total, "
-                             f"expected {size} x {x.shape[0]}. HINT: pad to a common size, or call allgather "
-                             "outside jit.")
-        return [out]
+        _same_rows(a, name, process_set, "gather")
+        return [core.allgather(a, name=name, process_set=process_set)]
 
     return host_call(run, [x], [((rows, *x.shape[1:]), x.dtype)])[0]
+
+
+def _same_rows(a: np.ndarray, name: str, process_set: ProcessSet | None, what: str) -> None:
+    """Inside jit: every rank learns every rank's dim 0, so that all of them raise together when they differ."""
+    mine = np.array([a.shape[0] if a.ndim else 1], np.int64)
+    counts = core.allgather(mine, name=f"{name}.rows", process_set=process_set).tolist()
+    if len(set(counts)) > 1:
+        raise ValueError(f"{name}: inside jit every rank must {what} the same number of rows, so that the result's "
+                         f"shape is known when tracing. Received: rows per rank {counts}. HINT: pad to a common "
+                         f"size, or call it outside jit.")
 
 
 def _eager_allgather(x: Any, name: str, process_set: ProcessSet | None) -> Any:
@@ -132,8 +137,11 @@ def alltoall(tensor: Any, splits: Any = None, name: str | None = None,
                          f"when tracing. Received: splits={'traced' if splits is not None else None}, "
                          f"tensor.shape={tuple(x.shape)} on {size} ranks. HINT: call alltoall outside jit for "
                          "uneven splits.")
-    out = host_call(lambda a: [core.alltoall(a, None, name=name, process_set=process_set)[0]], [x],
-                    [(x.shape, x.dtype)])[0]
+    def run(a: np.ndarray) -> list[np.ndarray]:
+        _same_rows(a, name, process_set, "send")
+        return [core.alltoall(a, None, name=name, process_set=process_set)[0]]
+
+    out = host_call(run, [x], [(x.shape, x.dtype)])[0]
     return out, jnp.full((size,), x.shape[0] // size, jnp.int32)
 
 
