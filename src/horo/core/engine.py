@@ -184,6 +184,7 @@ class Engine:
         self.absent: set[int] = set()  # joined ranks in the current round
         self.join_round: dict[int, int] = {}  # round in which each joined rank was first seen joined
         self.last_joined = -1  # set when every rank has joined: the one seen last (ties: the highest)
+        self.joined_rounds: dict[int, int] = {}  # of the last completed join: each rank's join_round
         self.error: BaseException | None = None
         self.stuck_since: dict[tuple[int, int, int], float] = {}  # (rank, set id, seq) -> first seen stuck
         self._fusion: dict[np.dtype, np.ndarray] = {}
@@ -565,6 +566,7 @@ class Engine:
             self.join_round.setdefault(r, self.round_no)
         if len(self.absent) == self.n:  # everyone has joined: leave join mode in this same round everywhere
             self.last_joined = max(self.join_round, key=lambda r: (self.join_round[r], r))
+            self.joined_rounds = dict(self.join_round)
             self.join_round = {}
             self.joined = False
             self.absent = set()
