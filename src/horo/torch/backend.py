@@ -33,6 +33,7 @@ __all__ = ["BACKEND", "LocalStore", "init_process_group", "process_set_of", "reg
 BACKEND = "horo"
 
 _member_sets: dict[tuple[int, ...], ProcessSet] = {}
+_stores: list[LocalStore] = []
 
 
 class LocalStore(dist.Store):
@@ -45,6 +46,9 @@ class LocalStore(dist.Store):
     def __init__(self) -> None:
         super().__init__()
         self._data: dict[str, bytes] = {}
+        # torch keeps only the C++ side (under its PrefixStores); without a Python reference the methods
+        # below would be gone when gloo or torch calls them.
+        _stores.append(self)
 
     def _missing(self, keys: Any) -> RuntimeError:
         return RuntimeError(
