@@ -51,6 +51,7 @@ demo: $(STAMP)
 	KERAS_BACKEND=jax $(VENV)/bin/hororun -np $(NP) $(PY) examples/keras_fit.py
 	$(VENV)/bin/hororun -np $(NP) $(PY) examples/flax_train.py --verify
 	$(VENV)/bin/hororun -np $(NP) $(PY) examples/lightning_fit.py
+	$(VENV)/bin/hororun -np $(NP) $(PY) examples/fabric_train.py
 
 bench: $(STAMP)
 	$(VENV)/bin/hororun -np 2 $(PY) -m horo.bench allreduce
