@@ -334,3 +334,29 @@ def test_init_process_group_plain_call_and_wrong_rank(hvd, world, rank, monkeypa
             assert gloo_err is not None and "MASTER_ADDR" in str(gloo_err), gloo_err
             assert elapsed < 10, elapsed
     agree(check)
+
+
+def test_ddp_on_the_horo_backend(hvd, world, rank):
+    """torch's DistributedDataParallel itself on the horo group: rank 0's start, averaged gradients."""
+    torch.manual_seed(rank)  # different starts: DDP broadcasts rank 0's
+    model = torch.nn.Sequential(torch.nn.Linear(5, 8), torch.nn.Tanh(), torch.nn.Linear(8, 2))
+    ddp = torch.nn.parallel.DistributedDataParallel(model, bucket_cap_mb=0.0001)  # several buckets
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.1, momentum=0.9)
+    g = torch.Generator().manual_seed(3)
+    x, y = torch.randn(8 * world, 5, generator=g), torch.randn(8 * world, 2, generator=g)
+    for _ in range(3):
+        opt.zero_grad()
+        torch.nn.functional.mse_loss(ddp(x[rank::world]), y[rank::world]).backward()
+        opt.step()
+    torch.manual_seed(0)
+    ref = torch.nn.Sequential(torch.nn.Linear(5, 8), torch.nn.Tanh(), torch.nn.Linear(8, 2))
+    ref_opt = torch.optim.SGD(ref.parameters(), lr=0.1, momentum=0.9)
+    for _ in range(3):
+        ref_opt.zero_grad()
+        (sum(torch.nn.functional.mse_loss(ref(x[r::world]), y[r::world]) for r in range(world)) / world).backward()
+        ref_opt.step()
+    diff = max(float((a - b).detach().abs().max()) for a, b in zip(model.parameters(), ref.parameters()))
+
+    def check():
+        assert diff < 1e-6, diff
+    agree(check)
