@@ -107,7 +107,8 @@ def add_process_set(process_set: ProcessSet | Sequence[int]) -> ProcessSet:
         )
     if ps.process_set_id is not None:
         raise ValueError(f"add_process_set: this set is already registered. Received: process_set={ps!r}.")
-    if any(p.ranks == ps.ranks for p in st.process_sets.values()):
+    # Sets made by their members only are not known to the other ranks: they cannot count here.
+    if any(p.ranks == ps.ranks and not getattr(p, "members_only", False) for p in st.process_sets.values()):
         raise ValueError(
             f"add_process_set: a process set with ranks {ps.ranks} already exists. Received: process_set={ps!r}."
         )
@@ -160,6 +161,7 @@ def add_process_set_of_members(ranks: Sequence[int]) -> ProcessSet:
         world_group.Free()
     agree(comm, (("collective", "add_process_set_of_members"), ("ranks", tuple(ps.ranks))), ranks=ps.ranks)
     st.next_process_set_id = comm.allreduce(st.next_process_set_id, op=MPI.MAX)
+    ps.members_only = True  # type: ignore[attr-defined]
     return _register(st, ps, comm)
 
 
