@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.horo-installed
-EXTRAS ?= tensorflow-cpu,lightning,plot,test,autotune
+EXTRAS ?= tensorflow-cpu,lightning,jax,flax,plot,test,autotune
 # Development pins (torch 2.13.0 CPU, ...): pyproject.toml states ranges; this file fixes what we test with.
 CONSTRAINTS ?= constraints.txt
 PIP_INSTALL = -m pip install --disable-pip-version-check -q -c $(CONSTRAINTS)
@@ -48,7 +48,10 @@ test-mpich: $(MPICH_STAMP)
 demo: $(STAMP)
 	$(VENV)/bin/hororun -np $(NP) $(PY) examples/collectives_demo.py
 	$(VENV)/bin/hororun -np $(NP) $(PY) examples/keras_fit.py
+	KERAS_BACKEND=jax $(VENV)/bin/hororun -np $(NP) $(PY) examples/keras_fit.py
+	$(VENV)/bin/hororun -np $(NP) $(PY) examples/flax_train.py --verify
 	$(VENV)/bin/hororun -np $(NP) $(PY) examples/lightning_fit.py
+	$(VENV)/bin/hororun -np $(NP) $(PY) examples/fabric_train.py
 
 bench: $(STAMP)
 	$(VENV)/bin/hororun -np 2 $(PY) -m horo.bench allreduce

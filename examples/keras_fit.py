@@ -1,8 +1,8 @@
 """Keras 3 ``model.fit`` with horo: Horovod's 10-step recipe, on generated data, offline.
 
 Run: hororun -np 2 python examples/keras_fit.py   (or: mpiexec -n 2 python examples/keras_fit.py)
-Works with KERAS_BACKEND=tensorflow (default) and KERAS_BACKEND=torch (which needs no TensorFlow, and runs on
-one CUDA GPU per rank where torch has CUDA).
+Works with KERAS_BACKEND=tensorflow (default), KERAS_BACKEND=torch and KERAS_BACKEND=jax (neither needs
+TensorFlow; each runs on one GPU per rank where its framework sees GPUs).
 """
 
 import argparse
@@ -49,6 +49,12 @@ elif keras.backend.backend() == "torch":
 
     if torch.cuda.is_available():
         torch.cuda.set_device(hvd.local_rank() % torch.cuda.device_count())
+elif keras.backend.backend() == "jax":
+    import jax
+
+    gpus = [d for d in jax.devices() if d.platform == "gpu"]
+    if gpus:
+        jax.config.update("jax_default_device", gpus[hvd.local_rank() % len(gpus)])
 
 # Step 3: print progress on the root worker only.
 verbose = 1 if hvd.rank() == 0 else 0

@@ -1,10 +1,11 @@
 """Top-level test configuration, and the fixtures every in-rank suite shares.
 
-tests/mpi, tests/mpi_keras and tests/mpi_torch hold tests meant to run inside MPI ranks; tests/test_mpi_suites.py,
-tests/test_keras_mpi.py and tests/test_torch_mpi.py launch them under mpiexec at world sizes 1, 2 and 3. A
-plain ``pytest`` (or ``pytest tests``) therefore does not collect those directories; each is collected when
-named explicitly, e.g. ``mpiexec -n 2 python -m pytest tests/mpi``. Each of them defines its own ``hvd``
-fixture (the facade it tests); ``world``, ``rank`` and ``multi`` below build on whichever one applies.
+tests/mpi, tests/mpi_keras, tests/mpi_torch and tests/mpi_jax hold tests meant to run inside MPI ranks;
+tests/test_mpi_suites.py, tests/test_keras_mpi.py, tests/test_torch_mpi.py and tests/test_jax_mpi.py launch them
+under mpiexec at world sizes 1, 2 and 3. A plain ``pytest`` (or ``pytest tests``) therefore does not collect
+those directories; each is collected when named explicitly, e.g. ``mpiexec -n 2 python -m pytest tests/mpi``.
+Each of them defines its own ``hvd`` fixture (the facade it tests); ``world``, ``rank`` and ``multi`` below
+build on whichever one applies.
 """
 
 from __future__ import annotations
@@ -63,7 +64,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     for name in left - _mapped_shm():
         with contextlib.suppress(OSError):
             (_SHM / name).unlink()
-_RANK_ONLY = tuple(_HERE / d for d in ("mpi", "mpi_keras", "mpi_torch"))
+_RANK_ONLY = tuple(_HERE / d for d in ("mpi", "mpi_keras", "mpi_torch", "mpi_jax"))
 
 
 def _named(directory: Path, config: pytest.Config) -> bool:

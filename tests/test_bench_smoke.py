@@ -1,4 +1,5 @@
-"""The Keras benchmark runs end to end (a few steps): its variants, including the bare-mpi4py reference."""
+"""The Keras benchmark runs end to end (a few steps): its variants, including the bare-mpi4py reference; the
+JAX carrier comparison runs too."""
 
 from __future__ import annotations
 
@@ -15,13 +16,16 @@ pytest.importorskip("keras")
 
 
 @pytest.mark.timeout(300)
-def test_keras_bench_runs_and_reports_every_variant(tmp_path: Path) -> None:
+@pytest.mark.parametrize("backend", ["tensorflow", pytest.param("jax", marks=pytest.mark.slow)])
+def test_keras_bench_runs_and_reports_every_variant(tmp_path: Path, backend: str) -> None:
+    if importlib.util.find_spec(backend) is None:
+        pytest.skip(f"needs {backend}")
     out = tmp_path / "keras.json"
     png = tmp_path / "keras.png"  # the weak-scaling plot, when matplotlib is there
     plot = ["--plot", str(png)] if importlib.util.find_spec("matplotlib") else []
     proc = subprocess.run(
         [sys.executable, "-m", "horo.bench", "keras", "--repeats", "1", "--rounds", "1", "--steps", "3",
-         "--warmup", "2", "--json", str(out), *plot],
+         "--warmup", "2", "--backend", backend, "--json", str(out), *plot],
         capture_output=True, text=True, timeout=280,
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -35,6 +39,22 @@ def test_keras_bench_runs_and_reports_every_variant(tmp_path: Path) -> None:
         assert 0 < summary[key] < 2, summary
     if plot:
         assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.mpi
+@pytest.mark.timeout(240)
+def test_jax_carriers_bench_checks_and_times_each_carrier(tmp_path: Path) -> None:
+    pytest.importorskip("jax")
+    proc = subprocess.run(
+        [sys.executable, "-m", "horo.run", "-np", "2", sys.executable, "-m", "horo.bench", "jax_carriers",
+         "--rounds", "1", "--reps", "1"],
+        capture_output=True, text=True, timeout=220, cwd=tmp_path,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    for row in ("| horo ", "| bare mpi4py ", "| XLA collectives (gloo) "):
+        assert row in proc.stdout, proc.stdout
+    if importlib.util.find_spec("mpi4jax") is None:
+        assert "mpi4jax left out: not installed" in proc.stdout + proc.stderr
 
 
 def test_hierarchical_bench_wire_floor_is_the_allreduce_bandwidth_bound() -> None:

@@ -217,10 +217,11 @@ def test_elastic_sampler_covers_each_sample_once_across_a_reset(tmp_path: Path) 
 
 
 @needs_ulfm
-@pytest.mark.parametrize("backend", ["tensorflow", "torch"])
+@pytest.mark.parametrize("backend", ["tensorflow", "torch", "jax"])
 @pytest.mark.timeout(300)
 def test_keras_fit_survives_a_kill(tmp_path: Path, backend: str) -> None:
     """Keras fit with KerasState and the three callbacks: rank 2 dies mid-epoch, fit goes on with 2."""
+    pytest.importorskip("jax" if backend == "jax" else "keras")
     job = run_elastic(tmp_path, "keras_train.py", ["-np", "3", "--min-np", "2", "--max-np", "3"],
                       {"ELASTIC_KILLS": "1:5:2:0", "EPOCHS": "3", "KERAS_BACKEND": backend}, timeout=240)
     assert job.rc == 0, _show(job)
@@ -232,6 +233,27 @@ def test_keras_fit_survives_a_kill(tmp_path: Path, backend: str) -> None:
         assert r["resets"] == [[2, r["rank"]]]
         assert [e for e, _b, _s in r["batches"]].count(0) == 12  # epoch 0 ran once (initial_epoch resumes)
     assert ranks[0]["weights"] == ranks[1]["weights"]
+
+
+@needs_ulfm
+@pytest.mark.timeout(300)
+def test_jax_loop_survives_a_kill(tmp_path: Path) -> None:
+    """A jitted JAX + optax loop with JaxState: rank 2 dies mid-epoch, the survivors roll back and finish."""
+    pytest.importorskip("jax")
+    pytest.importorskip("optax")
+    job = run_elastic(tmp_path, "jax_train.py", ["-np", "3", "--min-np", "2", "--max-np", "3"],
+                      {"ELASTIC_KILLS": "1:5:2:0", "EPOCHS": "3"}, timeout=240)
+    assert job.rc == 0, _show(job)
+    ranks = job.by_rank()
+    assert sorted(ranks) == [0, 1], _show(job)
+    for r in ranks.values():
+        assert r["size"] == 2 and r["epoch"] == 2
+        assert r["lr"] == pytest.approx(0.02)
+        assert r["resets"] == [[2, r["rank"]]]
+        done = [(e, b) for e, b, _s in r["steps"]]
+        assert sorted(set(done)) == [(e, b) for e in range(3) for b in range(12)]
+        assert done.count((1, 5)) == 2  # the interrupted step is redone, nothing before it
+    assert ranks[0]["weights"] == ranks[1]["weights"], "weights differ between the survivors"
 
 
 @needs_ulfm

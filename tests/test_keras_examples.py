@@ -51,6 +51,18 @@ def test_keras_fit_recipe_on_torch_needs_no_tensorflow(tmp_path: Path) -> None:
 
 @pytest.mark.mpi
 @pytest.mark.timeout(TIMEOUT + 30)
+@pytest.mark.skipif(importlib.util.find_spec("jax") is None, reason="needs jax (pip install 'horo[jax]')")
+def test_keras_fit_recipe_on_jax_needs_no_tensorflow(tmp_path: Path) -> None:
+    (tmp_path / "no_tf").mkdir()
+    (tmp_path / "no_tf" / "tensorflow.py").write_text("raise ImportError('TensorFlow is not installed here')\n")
+    path = os.pathsep.join(filter(None, [str(tmp_path / "no_tf"), os.environ.get("PYTHONPATH")]))
+    out = _hororun("keras_fit.py", "--epochs", "2", "--warmup-epochs", "1", "--samples", "2048", cwd=tmp_path,
+                   KERAS_BACKEND="jax", PYTHONPATH=path)
+    assert "best checkpoint reloaded with a distributed SGD" in out, out[-6000:]
+
+
+@pytest.mark.mpi
+@pytest.mark.timeout(TIMEOUT + 30)
 def test_tf_custom_loop_on_two_ranks(tmp_path: Path) -> None:
     out = _hororun("tf_custom_loop.py", cwd=tmp_path)
     assert "weights identical on all ranks: True" in out, out[-6000:]

@@ -4,7 +4,7 @@ Each (size, backend) pair is one plain-pytest test that launches
 ``mpiexec -n N python -m pytest tests/mpi_keras`` with KERAS_BACKEND set, through the runner of
 tests/test_mpi_suites.py (new session, hard outer limit that kills the whole process group, per-test
 ``--timeout`` inside the ranks, every rank's exit status checked). TensorFlow-only tests skip themselves
-on the torch backend.
+on the torch and JAX backends.
 
 Knobs: HORO_KERAS_SUITE_TIMEOUT (outer limit per job, seconds, default 600), HORO_KERAS_TEST_TIMEOUT (per
 test inside the ranks, default 180: TF traces every fit, which is slow on a loaded 2-core box),
@@ -24,16 +24,18 @@ KERAS_DIR = Path(__file__).resolve().parent / "mpi_keras"
 OUTER_TIMEOUT = float(os.environ.get("HORO_KERAS_SUITE_TIMEOUT", "600"))
 TEST_TIMEOUT = int(os.environ.get("HORO_KERAS_TEST_TIMEOUT", "180"))
 
-JOBS = [(n, b) for b in ("tensorflow", "torch") for n in (1, 2, 3)]
+JOBS = [(n, b) for b in ("tensorflow", "torch", "jax") for n in (1, 2, 3)]
+_NEEDS = {"tensorflow": "tensorflow", "torch": "torch", "jax": "jax"}
+_EXTRA = {"tensorflow": "horo[tensorflow-cpu]", "torch": "horo[torch]", "jax": "horo[jax]"}
 
 
 @pytest.mark.mpi
 @pytest.mark.timeout(OUTER_TIMEOUT + 60)
 @pytest.mark.parametrize("n,backend", JOBS, ids=[f"{b}-np{n}" for n, b in JOBS])
 def test_keras_suite(n, backend, tmp_path, monkeypatch):
-    needed = "tensorflow" if backend == "tensorflow" else "torch"
+    needed = _NEEDS[backend]
     if importlib.util.find_spec("keras") is None or importlib.util.find_spec(needed) is None:
-        pytest.skip(f"needs keras and {needed} (pip install 'horo[keras]' / 'horo[lightning]')")
+        pytest.skip(f"needs keras and {needed} (pip install '{_EXTRA[backend]}')")
     monkeypatch.setenv("KERAS_BACKEND", backend)
     for var in ("TF_NUM_INTEROP_THREADS", "TF_NUM_INTRAOP_THREADS"):
         monkeypatch.setenv(var, "1")

@@ -25,7 +25,7 @@ import horo
 REPO = Path(__file__).resolve().parents[1]
 PYPROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())
 WHEEL_TIMEOUT = 900.0
-FRAMEWORKS = ("torch", "tensorflow", "tensorflow-cpu", "keras", "pytorch-lightning")
+FRAMEWORKS = ("torch", "tensorflow", "tensorflow-cpu", "keras", "pytorch-lightning", "jax", "optax", "flax", "mpi4jax")
 
 
 def _name(req: str) -> str:
@@ -48,6 +48,11 @@ def test_extras_state_ranges_and_constraints_pin() -> None:
     pins = {_name(ln): ln for ln in (REPO / "constraints.txt").read_text().splitlines()
             if ln.strip() and not ln.startswith("#")}
     assert pins["torch"].startswith("torch==")
+    assert all(pins[n].startswith(f"{n}==") for n in ("jax", "jaxlib", "optax", "flax"))
+    # CI's venv has JAX, so the JAX suites run; mpi4jax (compiled at install) stays out of it.
+    makefile = (REPO / "Makefile").read_text()
+    extras_line = next(ln for ln in makefile.splitlines() if ln.startswith("EXTRAS"))
+    assert "jax" in extras_line.split("=", 1)[1].split(",") and "mpi4jax" not in extras_line
     assert "-c $(CONSTRAINTS)" in (REPO / "Makefile").read_text()
 
 
@@ -119,11 +124,12 @@ def _install_and_run(venv: Path, wheel: Path, version: str, env: dict[str, str],
 
 
 @pytest.mark.parametrize("module,backend", [("horo.keras", "tensorflow"), ("horo.keras", "torch"),
+                                            ("horo.keras", "jax"), ("horo.jax", "jax"),
                                             ("horo.tensorflow", "tensorflow")])
 def test_missing_framework_is_named_at_import(module: str, backend: str) -> None:
     # The extras leave TensorFlow's build (tensorflow or tensorflow-cpu) to the user; without either, the
     # import must say what to install. A None entry in sys.modules makes `import <name>` fail as if absent.
-    blocked = "tensorflow" if backend == "tensorflow" else "torch"
+    blocked = backend
     code = f"import sys; sys.modules[{blocked!r}] = None; import {module}"
     env = dict(os.environ, KERAS_BACKEND=backend)
     res = _run([sys.executable, "-c", code], 120, env=env)
@@ -132,5 +138,7 @@ def test_missing_framework_is_named_at_import(module: str, backend: str) -> None
     assert last.startswith("ImportError: "), res.stdout[-3000:]
     if blocked == "tensorflow":
         assert "neither tensorflow nor tensorflow-cpu is installed" in last and "pip install tensorflow" in last
+    elif blocked == "jax":
+        assert ("jax is not installed" in last or "import jax failed" in last) and "horo[jax]" in last, last
     else:
         assert "torch is not installed" in last and "pip install torch" in last

@@ -3,7 +3,8 @@
 Each world size is one plain-pytest test launching ``mpiexec -n N python -m pytest tests/mpi_torch`` in its own
 process group with a hard wall-clock limit (see tests/test_mpi_suites.py, whose runner this reuses): a hang
 ends as a failure and no rank outlives the job. The example tests run ``examples/torch_train.py`` on 2 ranks
-and ``examples/lightning_fit.py`` as a plain ``python`` script that starts its 2 ranks itself.
+and ``examples/lightning_fit.py`` and ``examples/fabric_train.py`` as plain ``python`` scripts that start their 2
+ranks themselves.
 """
 
 from __future__ import annotations
@@ -80,3 +81,18 @@ def test_lightning_example_starts_its_own_ranks(tmp_path: Path) -> None:
     assert sorted(r for r, _ in sums) == ["0", "1"] and len({s for _, s in sums}) == 1, out[-8000:]
     assert out.count("test_acc=") == 1, out[-8000:]  # printed by rank 0 only
     assert len(list((tmp_path / "run" / "checkpoints").glob("*.ckpt"))) == 1
+
+
+@pytest.mark.mpi
+@pytest.mark.timeout(EXAMPLE_TIMEOUT + 30)
+def test_fabric_example_starts_its_own_ranks(tmp_path: Path) -> None:
+    """``python examples/fabric_train.py --devices 2`` outside MPI: ``fabric.launch()`` re-runs it on 2 ranks (the
+    MPI-started form, as ``make demo`` runs it, is what tests/mpi_torch/test_fabric.py runs under mpiexec)."""
+    rc, out = _run([sys.executable, str(REPO / "examples" / "fabric_train.py"), "--devices", "2", "--epochs", "1",
+                    "--checkpoint-dir", str(tmp_path / "ckpt")], tmp_path)
+    assert rc == 0, out[-8000:]
+    assert "horo: starting 2 ranks" in out, out[-8000:]
+    sums = re.findall(r"rank (\d)/2: weights checksum (\S+)", out)
+    assert sorted(r for r, _ in sums) == ["0", "1"] and len({s for _, s in sums}) == 1, out[-8000:]
+    assert out.count("val_acc=") == 1, out[-8000:]  # printed by rank 0 only
+    assert [p.name for p in (tmp_path / "ckpt").iterdir()] == ["fabric_train.ckpt"]

@@ -132,6 +132,18 @@ def test_torch_facade_two_ranks_on_one_gpu_stage_through_host() -> None:
     assert "TORCH GPU CHECKS OK" in out, out[-8000:]
 
 
+@pytest.mark.skipif(not _torch_cuda(), reason="needs a CUDA build of torch")
+@pytest.mark.parametrize("ranks", [1, 2])
+def test_torch_distributed_backend_and_sync_batch_norm_on_cuda(ranks: int) -> None:
+    """The horo torch.distributed backend on CUDA tensors, horo's SyncBatchNorm and torch's own SyncBatchNorm
+    through it: one rank (NCCL where loadable), and two ranks sharing the GPU (host staging)."""
+    out = launch(ranks, str(Path(__file__).with_name("torch_dist_checks.py")), "cuda",
+                 env={"CUDA_VISIBLE_DEVICES": "0"})
+    assert out.count("TORCH DIST CHECKS OK") == ranks, out[-8000:]
+    if ranks > 1:
+        assert "torch.nn.modules.batchnorm.SyncBatchNorm on cuda" in out, out[-8000:]
+
+
 @needs_nccl
 @pytest.mark.skipif(not _torch_cuda(), reason="needs a CUDA build of torch")
 @pytest.mark.parametrize("precision", ["32-true", "16-mixed"])

@@ -170,3 +170,28 @@ def test_add_remove_many_times(hvd, world, rank, multi):
         hvd.remove_process_set(ps)
         check(got in (None, float(len(ranks))), f"iteration {i}: set {ranks} summed to {got}")
 
+
+
+def test_set_made_by_its_members_only(hvd, world, rank, multi):
+    """add_process_set_of_members: only the members call it (torch.distributed.new_group's way); ids stay the
+    same on every rank for sets added afterwards, and a Horovod set of the same ranks can still be added."""
+    members = list(range(1, world))
+    mine = hvd.add_process_set_of_members(members) if rank in members else None
+    total = hvd.allreduce(np.full(2, rank + 1.0), op=hvd.Sum, process_set=mine) if mine is not None else None
+    ps = hvd.add_process_set(members)
+    try:
+        ids = hvd.allgather_object(ps.process_set_id)
+        again = hvd.allreduce(np.ones(1), op=hvd.Sum, process_set=ps) if rank in members else None
+
+        def _check():
+            assert len(set(ids)) == 1, ids
+            if rank in members:
+                assert mine.ranks == members and mine.rank() == members.index(rank)
+                np.testing.assert_array_equal(total, np.full(2, float(sum(r + 1 for r in members))))
+                np.testing.assert_array_equal(again, np.full(1, float(len(members))))
+                assert mine.process_set_id < ps.process_set_id
+            with pytest.raises(ValueError, match="include this rank"):
+                hvd.add_process_set_of_members([r for r in range(world) if r != rank])
+        agree(_check)
+    finally:
+        hvd.remove_process_set(ps)

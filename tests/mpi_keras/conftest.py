@@ -1,6 +1,6 @@
 """Fixtures for the Keras / TensorFlow suite. Every test runs in every rank of an MPI job of any size.
 
-Run through tests/test_keras_mpi.py (sizes 1, 2, 3; KERAS_BACKEND tensorflow and torch), or by hand:
+Run through tests/test_keras_mpi.py (sizes 1, 2, 3; KERAS_BACKEND tensorflow, torch and jax), or by hand:
     KERAS_BACKEND=torch mpiexec -n 2 python -m pytest tests/mpi_keras -q -p no:cacheprovider --timeout=120
 A plain ``pytest tests`` does not collect this directory (it would run it in one process, twice as slowly).
 """
@@ -12,7 +12,8 @@ from pathlib import Path
 
 # One compute thread per rank (the ranks share the cores); set before TF / torch start their pools.
 for _var, _val in (("OMP_NUM_THREADS", "1"), ("TF_NUM_INTEROP_THREADS", "1"), ("TF_NUM_INTRAOP_THREADS", "1"),
-                   ("TF_CPP_MIN_LOG_LEVEL", "3"), ("KERAS_BACKEND", "tensorflow")):
+                   ("TF_CPP_MIN_LOG_LEVEL", "3"), ("KERAS_BACKEND", "tensorflow"),
+                   ("XLA_FLAGS", "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1")):
     os.environ.setdefault(_var, _val)
 
 import pytest  # noqa: E402

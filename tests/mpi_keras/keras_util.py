@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import os
 import traceback
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
+
+# Whether the tests compile the train step: on JAX that is the path users run (XLA, the exchange in an ordered
+# host callback); TensorFlow cannot XLA-compile the exchange's numpy_function, and torch.compile is not tested.
+JIT = os.environ.get("KERAS_BACKEND") == "jax"
 
 
 def agree(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
@@ -23,6 +28,18 @@ def agree(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         raise AssertionError("check failed on rank(s) " + ", ".join(str(r) for r, _ in failed) + ":\n"
                              + "\n".join(f"--- rank {r}:\n{e}" for r, e in failed))
     return value
+
+
+def synced(hook: Callable[..., Any]) -> Callable[..., Any]:
+    """A callback method that first makes the model's variables current (on JAX, ``fit`` keeps the state
+    outside them during an epoch; any callback reading variables mid-epoch must do this)."""
+    def run(self: Any, *args: Any, **kwargs: Any) -> Any:
+        sync = getattr(self.model, "jax_state_sync", None)
+        if sync is not None:
+            sync()
+        return hook(self, *args, **kwargs)
+
+    return run
 
 
 def to_numpy(v: Any) -> np.ndarray:

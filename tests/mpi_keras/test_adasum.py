@@ -6,7 +6,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
-from keras_util import agree, assert_same_on_all_ranks, mlp, rank_slices, regression_data, weights_of
+from keras_util import JIT, agree, assert_same_on_all_ranks, mlp, rank_slices, regression_data, weights_of
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "mpi"))
 from adasum_ref import tree  # noqa: E402
@@ -15,7 +15,7 @@ B = 4
 
 
 def _fit(model, opt, x, y, eager=False):
-    model.compile(optimizer=opt, loss="mse", jit_compile=False, run_eagerly=eager)
+    model.compile(optimizer=opt, loss="mse", jit_compile=JIT and not eager, run_eagerly=eager)
     model.fit(x, y, batch_size=B, epochs=1, shuffle=False, verbose=0)
     return weights_of(model)
 
@@ -46,7 +46,7 @@ def test_fit_several_epochs_keeps_ranks_identical_and_learns(hvd, world, rank):
     model = mlp(seed=6)
     model.compile(optimizer=hvd.DistributedOptimizer(keras.optimizers.Adam(0.01), op=hvd.Adasum,
                                                      backward_passes_per_step=2),
-                  loss="mse", jit_compile=False)
+                  loss="mse", jit_compile=JIT)
     hist = model.fit(rank_slices(x, world, rank, B), rank_slices(y, world, rank, B), batch_size=B, epochs=3,
                      shuffle=False, verbose=0)
     losses = hist.history["loss"]

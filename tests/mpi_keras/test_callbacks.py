@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from keras_util import agree, assert_same_on_all_ranks, mlp, regression_data, to_numpy, weights_of
+from keras_util import JIT, agree, assert_same_on_all_ranks, mlp, regression_data, synced, to_numpy, weights_of
 
 B = 4
 
@@ -18,7 +18,7 @@ def _recorder(**hooks):
 
     cb = Recorder()
     for name, fn in hooks.items():
-        setattr(cb, name, fn.__get__(cb))
+        setattr(cb, name, synced(fn).__get__(cb))
     return cb
 
 
@@ -27,7 +27,7 @@ def test_broadcast_makes_model_and_optimizer_equal_before_the_first_step(hvd, wo
 
     model = mlp(seed=100 + rank)  # different weights per rank
     opt = hvd.DistributedOptimizer(keras.optimizers.SGD(0.1, momentum=0.9))
-    model.compile(optimizer=opt, loss="mse", jit_compile=False)
+    model.compile(optimizer=opt, loss="mse", jit_compile=JIT)
     opt.build(model.trainable_variables)
     for v in opt.variables:  # rank-dependent optimizer state too (momentum buffers, iteration count)
         v.assign(np.full(v.shape, rank + 1, dtype=v.dtype))
@@ -46,13 +46,36 @@ def test_broadcast_makes_model_and_optimizer_equal_before_the_first_step(hvd, wo
     assert_same_on_all_ranks(weights_of(model) + [to_numpy(v) for v in opt.variables])
 
 
+def test_broadcast_leaves_local_variables_alone(hvd, world, rank):
+    import keras
+
+    model = mlp(seed=110 + rank)
+    mine = weights_of(model)
+    model.compile(optimizer=hvd.DistributedOptimizer(keras.optimizers.SGD(0.0)), loss="mse", jit_compile=JIT)
+    x, y = regression_data(12, B)
+    cb = hvd.callbacks.BroadcastGlobalVariablesCallback(0, local_variables=model.layers[0].weights)
+    model.fit(x, y, batch_size=B, epochs=1, verbose=0, callbacks=[cb])
+    got = weights_of(model)
+    root = hvd.broadcast_object(mine, root_rank=0)
+
+    def check():
+        for i in (0, 1):
+            np.testing.assert_array_equal(got[i], mine[i])  # lr 0: still this rank's own values
+        for i in (2, 3):
+            np.testing.assert_array_equal(got[i], root[i])
+        with pytest.raises(TypeError, match="HINT:"):
+            hvd.callbacks.BroadcastGlobalVariablesCallback(0, local_variables=["kernel"])
+
+    agree(check)
+
+
 def test_metric_average_updates_logs_in_place_for_later_callbacks(hvd, world, rank):
     import keras
 
     raw, after = [], []
     model = mlp(seed=1)
     model.compile(optimizer=hvd.DistributedOptimizer(keras.optimizers.SGD(0.05)), loss="mse", metrics=["mae"],
-                  jit_compile=False)
+                  jit_compile=JIT)
     x, y = regression_data(20 + rank, 2 * B)  # different data per rank -> different local logs
     xv, yv = regression_data(40 + rank, B)
     history = model.fit(
@@ -89,7 +112,7 @@ def _fit_recording_lr(hvd, callbacks, epochs, steps, momentum=0.0):
 
     model = mlp(seed=2)
     model.compile(optimizer=hvd.DistributedOptimizer(keras.optimizers.SGD(0.1, momentum=momentum)), loss="mse",
-                  jit_compile=False)
+                  jit_compile=JIT)
     x, y = regression_data(3, steps * B)
     model.fit(x, y, batch_size=B, epochs=epochs, verbose=0, shuffle=False,
               callbacks=callbacks + [_recorder(on_epoch_begin=epoch_begin, on_train_batch_begin=record)])
@@ -157,7 +180,7 @@ def _momentum_run(hvd, correction):
 
     model = mlp(seed=4)
     model.compile(optimizer=hvd.DistributedOptimizer(keras.optimizers.SGD(0.1, momentum=0.9)), loss="mse",
-                  jit_compile=False)
+                  jit_compile=JIT)
     x, y = regression_data(5, 2 * B)
     model.fit(x, y, batch_size=B, epochs=2, verbose=0, shuffle=False, callbacks=[
         hvd.callbacks.LearningRateScheduleCallback(initial_lr=0.1, multiplier=0.25, momentum_correction=correction),
@@ -190,7 +213,7 @@ def test_best_checkpoint_writes_atomically_on_root_only(hvd, world, rank, shared
     only_root = hvd.callbacks.RootRankOnly(_recorder(on_epoch_end=lambda self, e, logs=None: calls.append(e)))
     model = mlp(seed=6)
     model.compile(optimizer=hvd.DistributedOptimizer(keras.optimizers.SGD(0.05, momentum=0.9)), loss="mse",
-                  jit_compile=False)
+                  jit_compile=JIT)
     x, y = regression_data(7 + rank, 2 * B)
     best = shared_dir / "best.keras"
     csv = shared_dir / "log.csv"

@@ -4,7 +4,16 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from keras_util import agree, assert_16bit_sum, assert_same_on_all_ranks, mlp, rank_slices, regression_data, weights_of
+from keras_util import (
+    JIT,
+    agree,
+    assert_16bit_sum,
+    assert_same_on_all_ranks,
+    mlp,
+    rank_slices,
+    regression_data,
+    weights_of,
+)
 
 B = 4  # per-rank batch
 STEPS = 3
@@ -46,7 +55,7 @@ def _make(case, world):
 
 def _fit(model, opt, x, y, batch, eager=False):
     # References run eagerly: no tracing, and a second code path to compare the traced one against.
-    model.compile(optimizer=opt, loss="mse", jit_compile=False, run_eagerly=eager)
+    model.compile(optimizer=opt, loss="mse", jit_compile=JIT and not eager, run_eagerly=eager)
     model.fit(x, y, batch_size=batch, epochs=1, shuffle=False, verbose=0)
     return weights_of(model)
 
@@ -165,7 +174,7 @@ def test_models_that_differ_between_ranks_raise_everywhere_instead_of_hanging(hv
     import keras
 
     model = keras.Sequential([keras.Input((6,)), keras.layers.Dense(8 + rank), keras.layers.Dense(2)])
-    model.compile(optimizer=hvd.DistributedOptimizer(keras.optimizers.SGD(0.1)), loss="mse", jit_compile=False)
+    model.compile(optimizer=hvd.DistributedOptimizer(keras.optimizers.SGD(0.1)), loss="mse", jit_compile=JIT)
     x, y = regression_data(8, 2 * B)
     with pytest.raises(Exception, match="ranks disagree on") as info:
         model.fit(x, y, batch_size=B, epochs=1, verbose=0)
@@ -183,19 +192,27 @@ def test_16bit_exchange_scales_and_is_identical_on_all_ranks(hvd, multi, rank, b
     shapes = [(7, 3), (5,), (1,)]
     mine = [np.random.default_rng(rank).standard_normal(s) * 1e-5 for s in shapes]
     dtypes = ["float32", "float32", "float64"]
-    if backend == "torch":
-        import torch
-
-        grads = [torch.tensor(a, dtype=getattr(torch, d)) for a, d in zip(mine, dtypes)]
-    else:
-        import tensorflow as tf
-
-        grads = [tf.constant(a, dtype=d) for a, d in zip(mine, dtypes)]
     settings = Settings(op=hvd.Sum, compression=getattr(hvd.Compression, compression), prescale_factor=0.5,
                         postscale_factor=3.0, sparse_as_dense=False, backward_passes_per_step=1,
                         average_aggregated_gradients=False, process_set=None)
     fused = FusedAllreduce()
-    outs = [backends.current().exchange(grads + [None], settings, fused) for _ in range(2)][-1]
+    if backend == "torch":
+        import torch
+
+        grads = [torch.tensor(a, dtype=getattr(torch, d)) for a, d in zip(mine, dtypes)]
+    elif backend == "jax":
+        import jax
+
+        with jax.enable_x64(True):  # a float64 gradient; traced too, as inside Keras's compiled step
+            grads = [jax.numpy.asarray(a, dtype=d) for a, d in zip(mine, dtypes)]
+            step = jax.jit(lambda *gs: backends.current().exchange(list(gs) + [None], settings, fused)[:3])
+            outs = [step(*grads) for _ in range(2)][-1] + [None]
+    else:
+        import tensorflow as tf
+
+        grads = [tf.constant(a, dtype=d) for a, d in zip(mine, dtypes)]
+    if backend != "jax":
+        outs = [backends.current().exchange(grads + [None], settings, fused) for _ in range(2)][-1]
     shares = [[np.random.default_rng(r).standard_normal(s) * 1e-5 for r in range(multi)] for s in shapes]
 
     def check():
@@ -207,3 +224,78 @@ def test_16bit_exchange_scales_and_is_identical_on_all_ranks(hvd, multi, rank, b
 
     agree(check)
     assert_same_on_all_ranks([np.asarray(o) for o in outs[:3]], what="gradients")
+
+
+def test_partial_optimizer_keeps_local_layers_local(hvd, world, rank):
+    # One step from identical weights: the shared layer moves as one process on the whole batch would, the
+    # local layer as a plain SGD on this rank's data with lr / size (Horovod's scale_local_gradients).
+    import keras
+
+    x, y = regression_data(30, world * B)
+    mine_x, mine_y = rank_slices(x, world, rank, B), rank_slices(y, world, rank, B)
+    shared_ref = _fit(mlp(seed=9), keras.optimizers.SGD(0.1), x, y, world * B, eager=True)
+    local_ref = _fit(mlp(seed=9), keras.optimizers.SGD(0.1 / world), mine_x, mine_y, B, eager=True)
+    model = mlp(seed=9)
+    opt = hvd.PartialDistributedOptimizer(keras.optimizers.SGD(0.1), local_layers=model.layers[0])
+    got = _fit(model, opt, mine_x, mine_y, B)
+
+    def check():
+        for i in (0, 1):  # kernel and bias of the local Dense
+            np.testing.assert_allclose(got[i], local_ref[i], rtol=2e-5, atol=2e-6, err_msg=f"local weight {i}")
+        for i in (2, 3):
+            np.testing.assert_allclose(got[i], shared_ref[i], rtol=2e-5, atol=2e-6, err_msg=f"shared weight {i}")
+        with pytest.raises(TypeError, match="HINT:"):
+            hvd.PartialDistributedOptimizer(keras.optimizers.SGD(0.1), local_layers=["dense"])
+
+    agree(check)
+    assert_same_on_all_ranks(got[2:])
+
+
+def test_jax_step_is_traced_once_and_a_mismatch_raises_horo_error(hvd, multi, rank, backend, monkeypatch):
+    if backend != "jax":
+        pytest.skip("JAX-backend behaviour")
+    import keras
+
+    import horo
+    from horo.jax import exchange as jex
+    from horo.keras.backend import jax as kjax
+
+    traced = []
+    real = jex.reduce_gradients
+
+    def counting(*args, **kwargs):
+        traced.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(kjax, "reduce_gradients", counting)
+    x, y = regression_data(31, B * 6)
+    model = mlp(seed=10)
+    _fit(model, hvd.DistributedOptimizer(keras.optimizers.SGD(0.1)), x, y, B)
+    model.fit(x, y, batch_size=B, epochs=2, shuffle=False, verbose=0)
+    agree(lambda: len(traced) == 1 or (_ for _ in ()).throw(AssertionError(f"traced {len(traced)} times")))
+
+    # A mismatch inside the compiled step is raised as horo's MismatchError itself, on every rank.
+    bad = keras.Sequential([keras.Input((6,)), keras.layers.Dense(8 + rank), keras.layers.Dense(2)])
+    bad.compile(optimizer=hvd.DistributedOptimizer(keras.optimizers.SGD(0.1)), loss="mse", jit_compile=True)
+    with pytest.raises(horo.MismatchError, match="ranks disagree on"):
+        bad.fit(x[:2 * B], y[:2 * B], batch_size=B, epochs=1, verbose=0)
+
+
+def test_process_set_averages_over_its_ranks_only(hvd, multi, rank):
+    # Ranks 0 and 1 train together on a set of their own; any other rank trains alone, with no exchange.
+    import keras
+
+    # At 2 ranks [0, 1] is the global set itself (registered already); from 3 ranks on it is a subset.
+    ps = hvd.add_process_set([0, 1]) if multi > 2 else hvd.global_process_set
+    try:
+        x, y = regression_data(32, 2 * B * STEPS)
+        expected = _fit(mlp(seed=11), keras.optimizers.SGD(0.1), x, y, 2 * B, eager=True)
+        if rank < 2:
+            opt = hvd.DistributedOptimizer(keras.optimizers.SGD(0.1), process_set=ps)
+            got = _fit(mlp(seed=11), opt, rank_slices(x, 2, rank, B), rank_slices(y, 2, rank, B), B)
+        else:
+            got = expected
+        agree(lambda: [np.testing.assert_allclose(g, e, rtol=2e-5, atol=2e-6) for g, e in zip(got, expected)])
+    finally:
+        if ps is not hvd.global_process_set:
+            hvd.remove_process_set(ps)

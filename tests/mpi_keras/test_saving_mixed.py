@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from keras_util import agree, assert_same_on_all_ranks, mlp, regression_data, to_numpy, weights_of
+from keras_util import JIT, agree, assert_same_on_all_ranks, mlp, regression_data, synced, to_numpy, weights_of
 
 B = 4
 
@@ -14,7 +14,7 @@ def test_save_then_load_distributed_again_with_state(hvd, world, rank, shared_di
 
     model = mlp(seed=8)
     model.compile(optimizer=hvd.DistributedOptimizer(keras.optimizers.SGD(0.05, momentum=0.9)), loss="mse",
-                  jit_compile=False)
+                  jit_compile=JIT)
     x, y = regression_data(9 + rank, 2 * B)
     model.fit(x, y, batch_size=B, epochs=1, verbose=0, shuffle=False,
               callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0)])
@@ -57,16 +57,20 @@ def test_mixed_float16_inf_on_one_rank_skips_the_step_everywhere(hvd, world, ran
     opt = hvd.DistributedOptimizer(keras.optimizers.SGD(0.01))
     assert isinstance(opt, keras.optimizers.LossScaleOptimizer) and hvd.is_distributed(opt)
     model = _mixed_model()
-    model.compile(optimizer=opt, loss="mse", jit_compile=False)
+    model.compile(optimizer=opt, loss="mse", jit_compile=JIT)
     assert model.optimizer is opt  # compile did not wrap it again
     x, y = regression_data(11, 3 * B)
     if rank == world - 1:
         x[B:2 * B] = 1e6  # overflows float16 in step 2, on the last rank only
     scales = []
-    model.fit(x, y, batch_size=B, epochs=1, verbose=0, shuffle=False, callbacks=[
-        hvd.callbacks.BroadcastGlobalVariablesCallback(0),
-        keras.callbacks.LambdaCallback(
-            on_train_batch_end=lambda b, logs: scales.append(float(to_numpy(opt.dynamic_scale))))])
+
+    class Scales(keras.callbacks.Callback):
+        @synced
+        def on_train_batch_end(self, batch, logs=None):
+            scales.append(float(to_numpy(opt.dynamic_scale)))
+
+    model.fit(x, y, batch_size=B, epochs=1, verbose=0, shuffle=False,
+              callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0), Scales()])
 
     def check():
         assert len(scales) == 3
@@ -83,7 +87,7 @@ def test_loss_scaler_around_a_distributed_optimizer_is_refused(hvd, world, rank)
     opt = hvd.DistributedOptimizer(keras.optimizers.SGD(0.01))  # made before the policy: compile wraps it
     keras.mixed_precision.set_global_policy("mixed_float16")
     model = _mixed_model()
-    model.compile(optimizer=opt, loss="mse", jit_compile=False)
+    model.compile(optimizer=opt, loss="mse", jit_compile=JIT)
     x, y = regression_data(12, B)
     with pytest.raises(Exception, match="LossScaleOptimizer") as info:
         model.fit(x, y, batch_size=B, epochs=1, verbose=0)

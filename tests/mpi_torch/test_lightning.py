@@ -11,7 +11,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from torch.utils.data import DataLoader, TensorDataset
-from torch_mpi_util import agree
+from torch_mpi_util import agree, use_default_group
 
 pl = pytest.importorskip("pytorch_lightning")
 from pytorch_lightning.callbacks import EarlyStopping, ModelCheckpoint  # noqa: E402
@@ -131,6 +131,7 @@ def test_same_weights_as_ddp(hvd, world, config):
     cfg = CONFIGS[config]
     weights = {}
     for name, strategy in (("ddp", DDPStrategy(process_group_backend="gloo")), ("horo", "horo")):
+        use_default_group("gloo" if name == "ddp" else None)  # DDP would reuse a horo default group
         pl.seed_everything(5, verbose=False)
         model = Reg(cfg["opt"])
         make_trainer(strategy, devices=world, **cfg["kw"]).fit(model, loader(shuffle=True))

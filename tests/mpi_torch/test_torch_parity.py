@@ -261,3 +261,55 @@ def test_broadcast_optimizer_state_takes_horovods_model_argument(hvd, world, ran
     def check():
         assert opt.param_groups[0]["lr"] == pytest.approx(0.1)
     agree(check)
+
+
+# ------------------------------------------------------------- 5. Horovod's own join and state scenarios
+@pytest.mark.parametrize("refused", ["allgather", "broadcast"])
+def test_join_after_refused_collective_returns_a_later_joiner(hvd, world, rank, multi, refused):
+    """Horovod's test_horovod_join_allgather / _broadcast: each rank in turn joins first while the others'
+    collective is refused; join() returns the same rank everywhere, never the one that joined first."""
+    tensor = torch.zeros(17, 17, 17)
+    rounds = []
+    for first in range(world):
+        caught = None
+        if rank != first:
+            try:
+                hvd.allgather(tensor) if refused == "allgather" else hvd.broadcast(tensor, 1 if first != 1 else 0)
+            except RuntimeError as exc:
+                caught = type(exc).__name__
+        ret = hvd.join()
+        rounds.append((first, int(ret), caught, hvd.allgather_object(int(ret))))
+
+    def check():
+        for first, ret, caught, every in rounds:
+            assert ret != first, (first, ret)
+            assert every == [ret] * world, every
+            assert caught == (None if rank == first else "MismatchError"), caught
+    agree(check)
+
+
+def test_broadcast_state_no_grad(hvd, world, rank):
+    """Horovod's test_broadcast_state_no_grad: a parameter that needs no gradient keeps ``grad=None``, the
+    others get a (zero) gradient that can be broadcast."""
+
+    class ModelNoGrad(torch.nn.Module):
+        def __init__(self, a: torch.Tensor, b: torch.Tensor) -> None:
+            super().__init__()
+            self.a = torch.nn.Parameter(a.int(), requires_grad=False)
+            self.b = torch.nn.Parameter(b)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return torch.index_select(self.b, 0, self.a.long()) * x
+
+    model = ModelNoGrad(torch.tensor([1.0, 3.0]), torch.rand(4))
+    opt = torch.optim.SGD(model.parameters(), lr=0.001, weight_decay=1e-6, momentum=0.9, nesterov=True)
+    opt = hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters())
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    hvd.broadcast_optimizer_state(opt, root_rank=0)
+    grad = opt.param_groups[0]["params"][1].grad
+    bgrad = hvd.broadcast(grad, root_rank=0)
+
+    def check():
+        assert opt.param_groups[0]["params"][0].grad is None
+        assert torch.equal(grad, bgrad) and torch.equal(grad, torch.zeros(4))
+    agree(check)

@@ -36,3 +36,19 @@ def agree(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         lines += [f"--- rank {r}:\n{e}" for r, e in failed]
         raise AssertionError("\n".join(lines))
     return value
+
+
+def use_default_group(backend: str | None) -> None:
+    """Make torch.distributed's default group one of ``backend`` (``None``: no default group).
+
+    "horo" creates it on the horo backend; "gloo" only removes a group of another backend, so that Lightning's
+    DDPStrategy creates its own gloo group (it reuses any existing default group).
+    """
+    import torch.distributed as dist
+
+    if dist.is_initialized() and dist.get_backend() != backend:
+        dist.destroy_process_group()
+    if backend == "horo" and not dist.is_initialized():
+        import horo.torch as hvd
+
+        hvd.init_process_group()

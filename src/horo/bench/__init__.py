@@ -8,8 +8,11 @@ Each benchmark is a module ``horo.bench.NAME`` with ``main(argv) -> int``:
 - ``adasum``: the same gradient set with op=Adasum against op=Average, and the bytes Adasum moves.
 - ``autotune``: the engine tunes its own knobs from a bad start; compared with a grid search in the same run.
 - ``gpu``: GPU buffers: horo's NCCL path vs raw NCCL and host staging (also ``allreduce --gpu``).
-- ``keras``, ``lightning``: end-to-end training throughput with the framework facades.
+- ``keras``, ``lightning``: end-to-end training throughput with the framework facades (``keras --backend
+  tensorflow|torch|jax``).
 - ``torch_step``: a plain torch step with ``DistributedOptimizer`` against ``DistributedDataParallel``.
+- ``jax_carriers``: what carries a gradient exchange inside ``jax.jit``: horo's ordered host callback, bare
+  mpi4py, mpi4jax (when installed) and XLA's own collectives over a ``jax.distributed`` world.
 
 All of them interleave the variants they compare inside one run, repeat, and report medians, so that a
 noisy (shared) machine slows every variant alike.
@@ -31,7 +34,8 @@ BENCHES: dict[str, str] = {
     "autotune": "ResNet-50 gradient set: autotune from 64 MiB fusion vs a fusion x cycle-time grid search",
     "hierarchical": "ResNet-50 gradient set: hierarchical vs flat allreduce across hosts, next to raw mpi4py",
     "gpu": "GPU allreduce: horo's NCCL path vs raw NCCL vs host staging (needs cupy and a GPU)",
-    "keras": "Keras training throughput with horo.keras",
+    "keras": "Keras training throughput with horo.keras (TensorFlow, torch or JAX backend)",
+    "jax_carriers": "exchange inside jax.jit: horo's io_callback vs bare mpi4py, mpi4jax, XLA collectives (gloo)",
     "lightning": "PyTorch Lightning training throughput with horo.lightning",
     "torch_step": "torch training step: horo.torch.DistributedOptimizer vs DistributedDataParallel",
 }

@@ -1,7 +1,8 @@
 """Keras ``fit`` step time with horo.keras: weak scaling 1 -> N ranks, fp16 compression, size-1 overhead.
 
-Run: ``python -m horo.bench keras [--np 2 --steps 40 --repeats 3 --backend tensorflow]`` (no launcher: it
-starts ``mpiexec -n 1`` and ``mpiexec -n N`` itself, alternating them ``--repeats`` times).
+Run: ``python -m horo.bench keras [--np 2 --steps 40 --repeats 3 --backend tensorflow|torch|jax]`` (no
+launcher: it starts ``mpiexec -n 1`` and ``mpiexec -n N`` itself, alternating them ``--repeats`` times). On
+JAX the train step is XLA-compiled and both exchanges (horo's, bare mpi4py's) are ordered host callbacks in it.
 
 Model: an MLP 784-1024-512-10 (1.33 M parameters, 5.3 MB of float32 gradients), SGD with momentum, the
 same per-rank batch at every size, one compute thread per rank. Reported per variant: median step time.
@@ -69,7 +70,7 @@ def _parse(argv: list[str]) -> argparse.Namespace:
                    help="samples per variant inside each run, interleaved (default 15 under a launcher, else 5 "
                         "per run)")
     p.add_argument("--backend", default=os.environ.get("KERAS_BACKEND", "tensorflow"),
-                   choices=("tensorflow", "torch"), help="Keras backend")
+                   choices=("tensorflow", "torch", "jax"), help="Keras backend")
     p.add_argument("--timeout", type=float, default=600, help="limit per mpiexec run, seconds")
     p.add_argument("--json", type=Path, default=None, help="also write the results here")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
@@ -84,6 +85,7 @@ def _limit_threads(backend: str) -> None:
                 "TF_NUM_INTRAOP_THREADS"):
         os.environ.setdefault(var, "1")
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+    os.environ.setdefault("XLA_FLAGS", "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1")
     os.environ["KERAS_BACKEND"] = backend
 
 
@@ -100,8 +102,9 @@ def _step_time(keras: Any, hvd: Any, make_opt: Any, data: Any, args: argparse.Na
     stamps: list[float] = []
     clock = keras.callbacks.LambdaCallback(on_train_batch_end=lambda b, logs: stamps.append(time.perf_counter()))
     model = _model(keras)
+    # JAX compiles its step (XLA; the exchange is a host callback in it); TF cannot compile a numpy_function.
     model.compile(optimizer=make_opt(), loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-                  jit_compile=False)
+                  jit_compile=keras.backend.backend() == "jax")
     hvd.barrier()
     model.fit(data, steps_per_epoch=args.warmup + args.steps, epochs=1, verbose=0, callbacks=[clock])
     t = np.array(stamps)
@@ -146,9 +149,10 @@ def _worker(args: argparse.Namespace) -> int:
         y = rng.integers(0, 10, args.batch_size)
         data = tf.data.Dataset.from_tensors((x, y)).repeat()
     else:
-        import torch
+        if args.backend == "torch":
+            import torch
 
-        torch.set_num_threads(1)
+            torch.set_num_threads(1)
         rng = np.random.default_rng(hvd.rank())
         x = rng.random((args.batch_size, 784), dtype=np.float32)
         y = rng.integers(0, 10, args.batch_size)
@@ -221,6 +225,8 @@ def _bare_mpi_sgd(keras: Any, backend: str) -> Any:
                 grads = tf.numpy_function(reduce_in_place, scaled, [g.dtype for g in scaled], stateful=True)
                 for g, s in zip(grads, scaled):
                     g.set_shape(s.shape)
+            elif backend == "jax":  # scaled by XLA, then one host callback; results land in kept buffers
+                grads = _bare_mpi_jax(self.__dict__, [g * inv for g in grads], comm)
             else:  # torch: scale into buffers kept across steps (fresh ones would page-fault every step)
                 import torch
 
@@ -233,6 +239,23 @@ def _bare_mpi_sgd(keras: Any, backend: str) -> Any:
     # Keras on torch swaps SGD for a faster class at construction (by exact class): subclass that one.
     opt.__class__ = type("BareMpiSGD", (BareMpi, type(opt)), {})
     return opt
+
+
+def _bare_mpi_jax(store: dict[str, Any], grads: list[Any], comm: Any) -> list[Any]:
+    """One ordered host callback per step: an out-of-place ``Allreduce`` per gradient into kept buffers."""
+    import jax
+    import numpy as np
+    from jax.experimental import io_callback
+    from mpi4py import MPI
+
+    def reduce(*arrays: Any) -> list[Any]:
+        outs = store.setdefault("_bare_bufs", [np.empty(a.shape, a.dtype) for a in arrays])
+        for a, out in zip(arrays, outs):
+            comm.Allreduce(np.asarray(a), out, op=MPI.SUM)
+        return outs
+
+    specs = [jax.ShapeDtypeStruct(g.shape, g.dtype) for g in grads]
+    return list(io_callback(reduce, specs, *grads, ordered=True))
 
 
 def _repeat_forever(x: Any, y: Any) -> Any:

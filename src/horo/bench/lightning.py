@@ -7,7 +7,8 @@ Every variant trains the same LightningModule (an MLP whose gradients are big en
 matter) on generated data; variants are interleaved and repeated, and the median samples/s (slowest rank)
 is reported. ``horo`` overlaps the gradient exchange with backward; ``horo (no overlap)`` starts it only
 after backward. The hidden fraction is ``1 - wait(horo) / wait(horo, no overlap)``, where wait is the time
-per step that ranks spend blocked on the exchange after backward.
+per step that ranks spend blocked on the exchange after backward. ``ddp (horo)`` (``--variants``) is torch's
+DistributedDataParallel itself on horo's torch.distributed backend (``process_group_backend="horo"``).
 """
 
 from __future__ import annotations
@@ -17,11 +18,10 @@ import statistics
 import time
 from typing import Any
 
-import horo
 from horo.bench import models, plot
 from horo.bench._util import env_summary, limit_threads, md_table
 
-VARIANTS = ("horo", "horo (no overlap)", "ddp (gloo)")  # "ddp (nccl)" in place of gloo on GPU
+VARIANTS = ("horo", "horo (no overlap)", "ddp (gloo)", "ddp (horo)")  # "ddp (nccl)" in place of gloo on GPU
 
 
 def _parse(argv: list[str]) -> argparse.Namespace:
@@ -31,7 +31,7 @@ def _parse(argv: list[str]) -> argparse.Namespace:
                    help="mlp, or resnet50 (torchvision's when installed) on synthetic images")
     p.add_argument("--image-size", type=int, default=224, help="ResNet input side (pixels)")
     p.add_argument("--variants", default=",".join(VARIANTS[:2]) + ",ddp",
-                   help="comma-separated subset of: horo, horo (no overlap), ddp")
+                   help="comma-separated subset of: horo, horo (no overlap), ddp, ddp (horo)")
     p.add_argument("--target", type=float, default=0.0,
                    help="PASS when horo's throughput >= target x DDP's (paired; 0: no verdict)")
     p.add_argument("--width", type=int, default=1024, help="hidden width of the MLP")
@@ -43,9 +43,9 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     plot.add_plot_arg(p)
     args = p.parse_args(argv)
     chosen = args.variants.split(",")
-    if any(v not in (*VARIANTS[:2], "ddp") for v in chosen) or "horo" not in chosen:
-        p.error(f"Received: --variants={args.variants!r}. HINT: a subset of horo, horo (no overlap), ddp that "
-                "includes horo.")
+    if any(v not in (*VARIANTS[:2], "ddp", VARIANTS[3]) for v in chosen) or "horo" not in chosen:
+        p.error(f"Received: --variants={args.variants!r}. HINT: a subset of horo, horo (no overlap), ddp, "
+                "ddp (horo) that includes horo.")
     return args
 
 
@@ -119,6 +119,8 @@ def main(argv: list[str]) -> int:
     from pytorch_lightning.strategies import DDPStrategy
     from torch.utils.data import DataLoader
 
+    # lazy: imports torch; registers the "horo" torch.distributed backend
+    import horo.torch  # noqa: F401
     from horo.strategies import HoroStrategy  # lazy: imports torch and Lightning
 
     torch.set_num_threads(1)
@@ -137,12 +139,17 @@ def main(argv: list[str]) -> int:
 
     ddp = "ddp (nccl)" if args.accelerator == "gpu" else "ddp (gloo)"
     chosen = args.variants.split(",")
-    variants = tuple(v for v in (*VARIANTS[:2], ddp) if v in chosen or (v == ddp and "ddp" in chosen))
+    variants = tuple(v for v in (*VARIANTS[:2], ddp, VARIANTS[3]) if v in chosen or (v == ddp and "ddp" in chosen))
 
     def fit(variant: str) -> tuple[float, float]:
+        # Each variant on a default torch.distributed group of its own backend (DDPStrategy reuses any).
+        backend = variant[5:-1] if variant.startswith("ddp") else "horo"
+        if torch.distributed.is_initialized() and torch.distributed.get_backend() != backend:
+            torch.distributed.destroy_process_group()
         strategy: Any = {"horo": lambda: HoroStrategy(),
                          "horo (no overlap)": lambda: HoroStrategy(overlap=False),
-                         ddp: lambda: DDPStrategy(process_group_backend=ddp[5:-1])}[variant]()
+                         ddp: lambda: DDPStrategy(process_group_backend=ddp[5:-1]),
+                         "ddp (horo)": lambda: DDPStrategy(process_group_backend="horo")}[variant]()
         clock = _Clock(args.warmup, total_steps)
         trainer = pl.Trainer(strategy=strategy, accelerator=args.accelerator, devices=world, max_steps=total_steps,
                              use_distributed_sampler=False,  # each rank has its own batches already

@@ -31,7 +31,13 @@ from .api.collectives import (
     reducescatter,
 )
 from .api.compression import Compression
-from .api.process_sets import ProcessSet, add_process_set, global_process_set, remove_process_set
+from .api.process_sets import (
+    ProcessSet,
+    add_process_set,
+    add_process_set_of_members,
+    global_process_set,
+    remove_process_set,
+)
 from .api.runtime import (
     ccl_built,
     cross_rank,
@@ -84,5 +90,5 @@ __all__ += [
     "broadcast_object", "allgather_object",
     "allreduce_async", "allreduce_async_", "grouped_allreduce_async", "grouped_allreduce_async_",
     "allgather_async", "broadcast_async", "broadcast_async_", "alltoall_async", "reducescatter_async",
-    "poll", "synchronize", "Compression",
+    "poll", "synchronize", "Compression", "add_process_set_of_members",
 ]

@@ -1,4 +1,4 @@
-"""horo for Keras 3 (TensorFlow and torch backends): ``import horo.keras as hvd`` where Horovod had
+"""horo for Keras 3 (TensorFlow, torch and JAX backends): ``import horo.keras as hvd`` where Horovod had
 ``import horovod.keras as hvd`` / ``horovod.tensorflow.keras``.
 
 Runtime functions (init, size, rank, ...), ops and process sets come from the core; the collectives take
@@ -33,12 +33,13 @@ from .collectives import (
     broadcast_variables,
     reducescatter,
 )
-from .optimizer import DistributedOptimizer, is_distributed
+from .optimizer import DistributedOptimizer, PartialDistributedOptimizer, is_distributed
 from .saving import load_model, save_atomic
 
 __all__ = [
     *_shared,
     "Compression", "allreduce", "allgather", "broadcast", "reducescatter", "broadcast_object",
     "allgather_object", "barrier", "join", "broadcast_variables", "broadcast_global_variables",
-    "DistributedOptimizer", "is_distributed", "load_model", "save_atomic", "callbacks", "elastic",
+    "DistributedOptimizer", "PartialDistributedOptimizer", "is_distributed", "load_model", "save_atomic",
+    "callbacks", "elastic",
 ]

@@ -16,6 +16,8 @@ _INSTALL = {
     "tensorflow": "pip install tensorflow (GPU builds; or 'horo[tensorflow]'), or pip install tensorflow-cpu on a "
                   "machine without a GPU ('horo[tensorflow-cpu]'); or train on torch: KERAS_BACKEND=torch",
     "torch": "pip install torch (or 'horo[torch]'); or set KERAS_BACKEND=tensorflow",
+    "jax": "pip install jax (CPU; or 'horo[jax]'), or jax[cuda12] on GPUs; or set KERAS_BACKEND=tensorflow",
+    "jaxlib": "pip install jax (CPU; or 'horo[jax]'), or jax[cuda12] on GPUs; or set KERAS_BACKEND=tensorflow",
 }
 
 
@@ -38,7 +40,7 @@ def require_keras() -> ModuleType:
                 f"HINT: pip install 'horo[keras]', plus a backend: {_INSTALL['tensorflow']}."
             ) from exc
         if top in _INSTALL:
-            what = "neither tensorflow nor tensorflow-cpu is" if top == "tensorflow" else "torch is not"
+            what = "neither tensorflow nor tensorflow-cpu is" if top == "tensorflow" else f"{top} is not"
             raise ImportError(
                 f"Keras's backend is {top}, but {what} installed. Received: KERAS_BACKEND="
                 f"{backend or '(unset: tensorflow)'!r}. HINT: {_INSTALL[top]}."

@@ -56,6 +56,9 @@ class KerasState(ObjectState):
         self._save_model()
 
     def _save_model(self) -> None:
+        sync = getattr(self.model, "jax_state_sync", None)
+        if sync is not None:  # on JAX, fit keeps the state outside the variables during an epoch
+            sync()
         self._saved_model = [np.array(w, copy=True) for w in self.model.get_weights()]
         opt = self.optimizer
         self._saved_opt = ([np.array(keras.ops.convert_to_numpy(v), copy=True) for v in opt.variables]
@@ -81,6 +84,10 @@ class KerasState(ObjectState):
             for var, value in zip(opt.variables, self._saved_opt):
                 var.assign(value)
         super().restore()
+
+    def reset(self) -> None:
+        # The compiled train step baked in the old world's size: let the next fit trace it again.
+        self.model.train_function = None
 
     def sync(self) -> None:
         variables = model_variables(self.model, self.optimizer)

@@ -21,7 +21,8 @@ from ..plugins.grad_settings import Settings, make_settings
 from . import backend as _backends
 from ._require import require_keras
 
-__all__ = ["DistributedOptimizer", "is_distributed", "distribute_in_place", "import_keras"]
+__all__ = ["DistributedOptimizer", "PartialDistributedOptimizer", "is_distributed", "distribute_in_place",
+           "import_keras"]
 
 
 def import_keras() -> ModuleType:
@@ -39,6 +40,8 @@ class _State:
         self.aggregator = (backend.LocalAggregator(settings.backward_passes_per_step,
                                                    settings.average_aggregated_gradients)
                            if settings.backward_passes_per_step > 1 else None)
+        self.local_vars: dict[int, Any] = {}  # id -> variable: gradients kept local (register_local_var)
+        self.scale_local_gradients = True
 
 
 def _hidden_loss_scaler(opt: Any) -> Any:
@@ -81,14 +84,31 @@ class _DistributedMixin:
                               lambda summed: self._horo_apply_now(summed, trainable_variables))
         return None
 
+    def register_local_var(self, var: Any) -> None:
+        """Keep ``var``'s gradient local: it is not exchanged (Horovod's ``register_local_var``)."""
+        self._horo.local_vars[id(var)] = var
+
     def _horo_apply_now(self, grads: list[Any], trainable_variables: Any) -> Any:
         state = self._horo
         if state.settings.size() == 1:  # one rank: nothing to exchange, no overhead
             return super().apply(grads, trainable_variables)  # type: ignore[misc]
         if state.settings.op is Adasum:
             return self._horo_adasum_apply(grads, trainable_variables)
-        grads = state.backend.exchange(grads, state.settings, state.fused)
+        grads = self._horo_exchange(grads, trainable_variables)
         return super().apply(grads, trainable_variables)  # type: ignore[misc]
+
+    def _horo_exchange(self, grads: list[Any], trainable_variables: Any) -> list[Any]:
+        """The backend's exchange, leaving out local variables' gradients (scaled by 1/size, as Horovod)."""
+        state = self._horo
+        if not state.local_vars:
+            return state.backend.exchange(grads, state.settings, state.fused)
+        variables = list(trainable_variables) if trainable_variables is not None else self._trainable_variables
+        local = [id(v) in state.local_vars for v in variables]
+        shared = state.backend.exchange([None if lo else g for g, lo in zip(grads, local)], state.settings,
+                                        state.fused)
+        scale = 1.0 / state.settings.size() if state.scale_local_gradients else 1.0
+        return [(g if scale == 1.0 or g is None else g * scale) if lo else s
+                for g, s, lo in zip(grads, shared, local)]
 
     def _horo_adasum_apply(self, grads: list[Any], trainable_variables: Any) -> Any:
         """Horovod's Adasum delta scheme: apply locally, combine the updates, ``v = start + Adasum(deltas)``.
@@ -100,7 +120,7 @@ class _DistributedMixin:
 
         state = self._horo
         variables = list(trainable_variables) if trainable_variables is not None else self._trainable_variables
-        touched = [v for g, v in zip(grads, variables) if g is not None]
+        touched = [v for g, v in zip(grads, variables) if g is not None and id(v) not in state.local_vars]
         starts = [keras.ops.copy(v.value) for v in touched]
         result = super().apply(grads, trainable_variables)  # type: ignore[misc]
         deltas = [keras.ops.subtract(v.value, s) for v, s in zip(touched, starts)]
@@ -111,16 +131,21 @@ class _DistributedMixin:
 
 
 _CLASSES: dict[type, type] = {}
+_CLASSES_PLAIN: dict[type, type] = {}  # distributed class -> the user's class
 
 
-def _distributed_class(cls: type) -> type:
+def _distributed_class(cls: type, backend: ModuleType) -> type:
     dist = _CLASSES.get(cls)
     if dist is None:
-        dist = type(cls.__name__, (_DistributedMixin, cls), {
+        # A backend may put its own mixin in front (JAX: the compiled step's state lives in optimizer variables).
+        extra = getattr(backend, "OptimizerMixin", None)
+        bases = (extra, _DistributedMixin, cls) if extra is not None else (_DistributedMixin, cls)
+        dist = type(cls.__name__, bases, {
             "__module__": cls.__module__, "__qualname__": cls.__qualname__, "__doc__": cls.__doc__,
             "_horo_distributed": True,
         })
         _CLASSES[cls] = dist
+        _CLASSES_PLAIN[dist] = cls
         _keep_registered_name(cls, dist)
     return dist
 
@@ -145,8 +170,15 @@ def is_distributed(optimizer: Any) -> bool:
 def distribute_in_place(optimizer: Any, settings: Settings) -> Any:
     """Make ``optimizer`` distributed (keeping its variables and state); returns it."""
     state = _State(settings, _backends.current())
-    optimizer.__class__ = _distributed_class(type(optimizer))
+    optimizer.__class__ = _distributed_class(type(optimizer), state.backend)
     object.__setattr__(optimizer, "_horo", state)
+    attach = getattr(optimizer, "_horo_attach", None)
+    if attach is not None:
+        try:
+            attach()
+        except BaseException:
+            optimizer.__class__ = _CLASSES_PLAIN.get(type(optimizer), type(optimizer))
+            raise
     return optimizer
 
 
@@ -182,7 +214,8 @@ def DistributedOptimizer(optimizer: Any, name: str | None = None, device_dense: 
         num_groups: ignored: all gradients already go in one exchange.
         groups: ignored: all gradients already go in one exchange.
         process_set: the ranks to average over.
-        scale_local_gradients: ignored (kept for Horovod compatibility).
+        scale_local_gradients: divide the gradients of variables registered with ``register_local_var``
+            (or ``PartialDistributedOptimizer``'s ``local_layers``) by the set's size, as Horovod does.
 
     Returns:
         The distributed optimizer (the same object, or a new LossScaleOptimizer under mixed_float16).
@@ -213,4 +246,46 @@ def DistributedOptimizer(optimizer: Any, name: str | None = None, device_dense: 
     if keras.config.dtype_policy().name == "mixed_float16" and not isinstance(optimizer, lso):
         # compile() would wrap us in a LossScaleOptimizer that checks local gradients before we exchange.
         optimizer = lso(optimizer, name="loss_scale_optimizer")
-    return distribute_in_place(optimizer, settings)
+    optimizer = distribute_in_place(optimizer, settings)
+    optimizer._horo.scale_local_gradients = bool(scale_local_gradients)
+    return optimizer
+
+
+def PartialDistributedOptimizer(optimizer: Any, name: str | None = None, device_dense: str = "",  # noqa: N802
+                                device_sparse: str = "", compression: Any = Compression.none,
+                                sparse_as_dense: bool = False, gradient_predivide_factor: float = 1.0,
+                                op: Any = Average, backward_passes_per_step: int = 1,
+                                average_aggregated_gradients: bool = False, groups: Any = None,
+                                process_set: Any = global_process_set, local_layers: Any = None,
+                                scale_local_gradients: bool = True) -> Any:
+    """``DistributedOptimizer`` that keeps the gradients of ``local_layers`` local (Horovod's name).
+
+    The trainable weights of ``local_layers`` (a Keras layer or a collection of them) are updated with this
+    rank's own gradients, divided by the set's size when ``scale_local_gradients`` (Horovod's default); all
+    other gradients are exchanged as ``DistributedOptimizer`` does. With ``local_layers=None`` it is
+    ``DistributedOptimizer``. Every other argument is ``DistributedOptimizer``'s.
+    """
+    keras = import_keras()
+    if local_layers is None:
+        layers: list[Any] = []
+    elif isinstance(local_layers, keras.layers.Layer):
+        layers = [local_layers]
+    else:
+        try:
+            layers = list(local_layers)
+        except TypeError:
+            layers = [local_layers]
+        bad = [la for la in layers if not isinstance(la, keras.layers.Layer)]
+        if bad:
+            raise TypeError(f"PartialDistributedOptimizer: local_layers must be Keras layers. Received: "
+                            f"local_layers containing {bad[0]!r}. HINT: pass e.g. local_layers=[model.layers[0]].")
+    opt = DistributedOptimizer(optimizer, name=name, device_dense=device_dense, device_sparse=device_sparse,
+                               compression=compression, sparse_as_dense=sparse_as_dense,
+                               gradient_predivide_factor=gradient_predivide_factor, op=op,
+                               backward_passes_per_step=backward_passes_per_step,
+                               average_aggregated_gradients=average_aggregated_gradients, groups=groups,
+                               process_set=process_set, scale_local_gradients=scale_local_gradients)
+    for layer in layers:
+        for var in layer.trainable_weights:
+            opt.register_local_var(var)
+    return opt

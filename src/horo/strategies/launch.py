@@ -9,14 +9,11 @@ import subprocess
 import sys
 from typing import NoReturn
 
-from horo.core.base.config import started_by_launcher
 from horo.run.mpiexec import MpiexecError, local_command
 
-__all__ = ["relaunch", "relaunch_command", "started_by_mpi"]
+from .._launcher import launcher_rank, started_by_mpi
 
-def started_by_mpi() -> bool:
-    """True in a process started by mpiexec / hororun (or by a horo self-launch)."""
-    return started_by_launcher() or "HORO_SELF_LAUNCHED" in os.environ
+__all__ = ["launcher_rank", "relaunch", "relaunch_command", "started_by_mpi"]
 
 
 def relaunch_command(nprocs: int) -> list[str]:

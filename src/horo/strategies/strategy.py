@@ -25,12 +25,14 @@ from typing_extensions import override
 from .. import core
 from ..core.base.ops import Average, Max, Min, Product, Sum
 from ..core.base.ops import ReduceOp as HoroReduceOp
+from ..torch.backend import init_process_group as init_torch_distributed
 from ..torch.compression import Compression, Compressor
 from ..torch.exchange import GradientExchange, reduce_op
 from ..torch.functions import allgather, allreduce
 from ..torch.optimizer import _DistributedOptimizer
 from ..torch.state import broadcast_parameters
 from .launch import relaunch, started_by_mpi
+from .layer_sync import horo_layer_sync
 
 __all__ = ["HoroStrategy"]
 
@@ -168,6 +170,8 @@ class HoroStrategy(ParallelStrategy):
     @override
     def setup_environment(self) -> None:
         self._init_horo()
+        # torch.distributed on horo's ranks: torchmetrics, torch's own collectives and DDP-style code sync through it.
+        init_torch_distributed()
         reset_seed()
         super().setup_environment()
 
@@ -177,12 +181,10 @@ class HoroStrategy(ParallelStrategy):
         assert self.accelerator is not None
         self.accelerator.setup(trainer)
         fitting = trainer.state.fn == TrainerFn.FITTING
-        if fitting and self._layer_sync:
-            raise MisconfigurationException(
-                "HoroStrategy does not support Trainer(sync_batchnorm=True): it needs torch.distributed. "
-                "HINT: drop sync_batchnorm (each rank normalises with its own batch statistics)."
-            )
         assert self.model is not None
+        if fitting and self._layer_sync:
+            self._layer_sync = horo_layer_sync(self._layer_sync)
+            self.model = self._layer_sync.apply(self.model)
         self.model = self.precision_plugin.convert_module(self.model)
         self.model_to_device()
         self._broadcast_module_states()
@@ -277,6 +279,10 @@ class HoroStrategy(ParallelStrategy):
     # ------------------------------------------------------------------------------------ lifecycle
     @override
     def teardown(self) -> None:
+        module = self.lightning_module
+        if self._layer_sync and module is not None and module._trainer is not None \
+                and module._trainer.state.fn == TrainerFn.FITTING:
+            self.model = self._layer_sync.revert(self.model)
         if self._exchange is not None:
             self._exchange.remove_hooks()
             self._exchange.reset(wait=False)

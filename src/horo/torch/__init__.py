@@ -1,7 +1,8 @@
 """horo for PyTorch: ``import horo.torch as hvd`` (Horovod's ``horovod.torch`` API on horo's MPI core).
 
 Collectives take and return torch tensors (CPU tensors move without copies); the out-of-place ones are
-differentiable. ``DistributedOptimizer`` averages gradients while backward runs. Needs torch (the
+differentiable. ``DistributedOptimizer`` averages gradients while backward runs. Importing it registers the
+``horo`` backend of torch.distributed (``init_process_group("horo")``, see ``horo.torch.backend``). Needs torch (the
 ``torch`` extra, ``pip install 'horo[torch]'``, or any torch in the supported range).
 """
 
@@ -15,7 +16,8 @@ except ImportError as _exc:  # pragma: no cover - depends on the installed extra
 # Runtime queries, ops, errors, process sets: shared by every facade.
 from .._facade import *  # noqa: F403
 from .._facade import __all__ as _shared
-from . import elastic
+from . import backend, elastic
+from .backend import init_process_group, process_set_of
 from .compression import Compression
 from .exchange import GradientExchange
 from .functions import (
@@ -52,6 +54,9 @@ from .ops import (
 from .optimizer import DistributedOptimizer
 from .sampler import DistributedSampler
 from .state import allgather_object, broadcast_object, broadcast_optimizer_state, broadcast_parameters
+from .sync_batch_norm import SyncBatchNorm
+
+backend.register()  # torch.distributed.init_process_group("horo")
 
 __all__ = [
     *_shared,
@@ -62,4 +67,5 @@ __all__ = [
     "grouped_allgather", "grouped_allgather_async", "grouped_allreduce", "grouped_allreduce_",
     "grouped_allreduce_async", "grouped_allreduce_async_", "grouped_reducescatter", "grouped_reducescatter_async",
     "join", "poll", "reducescatter", "reducescatter_async", "sparse_allreduce_async", "synchronize",
+    "SyncBatchNorm", "init_process_group", "process_set_of",
 ]

@@ -126,7 +126,9 @@ def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int, 
     """Give every rank root_rank's optimizer state (hyper-parameters included).
 
     A rank whose state is empty gets the root's state created; an empty state on the root empties the others
-    (no dummy step is taken, so e.g. Adam's step count is not advanced).
+    (no dummy step is taken, so e.g. Adam's step count is not advanced). As in Horovod, when this rank's state
+    is empty, parameters that require a gradient and have none get a zero ``.grad`` (Horovod's dummy step
+    leaves them so, and code written for it reads them).
 
     Args:
         model: accepted in Horovod's third position (Horovod uses it to find sparse parameters for its
@@ -136,6 +138,11 @@ def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int, 
     if not isinstance(optimizer, torch.optim.Optimizer):
         raise TypeError(f"{what} takes a torch.optim.Optimizer. Received: optimizer of type "
                         f"{type(optimizer).__name__}.")
+    if not optimizer.state:
+        for group in optimizer.param_groups:
+            for p in group["params"]:
+                if p.requires_grad and p.grad is None:
+                    p.grad = torch.zeros_like(p)
     is_root = core.rank() == root_rank
     mine: list[torch.Tensor] = []
     layout = _strip(optimizer.state_dict(), mine) if is_root else None

@@ -225,20 +225,33 @@ def join() -> int:
 
     engine_join = threading.Thread(target=engine_side, name="horo-join", daemon=True)
     engine_join.start()
+    rounds = 0  # agreements this rank has taken part in while joined
     while True:
-        _, sigs = exchange(ps.comm, JOIN)
+        rounds += 1
+        # In bits 2 and up: the other ranks' repeat path reads bits 0-1 of every payload (negotiation.MARK).
+        payloads, sigs = exchange(ps.comm, JOIN, payload=rounds << 2)
         if sigs is None:
             engine_join.join()
             if outcome and isinstance(outcome[0], BaseException):
                 raise outcome[0]
-            last = outcome[0] if outcome and outcome[0] >= 0 else ps.size() - 1
-            return ps.ranks[last]
+            return ps.ranks[_last_joined(payloads, ps.engine.joined_rounds)]
         active = [s for s in sigs if s != JOIN]
         if any(dict(s).get("collective") == "shutdown" for s in active):
             raise MismatchError(format_mismatch(sigs, ps.ranks))  # a rank left: nothing more to wait for
         if all(s == active[0] for s in active) and joinable(active[0]):
             joined_zeros(active[0]).run(ps.comm)  # the others' allreduce, with zeros
         # Otherwise the calling ranks raise MismatchError in agree(); this rank simply stays joined.
+
+
+def _last_joined(agreements: list[int], engine_rounds: dict[int, int]) -> int:
+    """The set rank that joined last, the same on every rank.
+
+    Two orders see the joins, and neither ever inverts them: the synchronous agreements a rank took part in
+    while joined (a rank that joined earlier sat through the others' refused collectives: more of them), and
+    the engine round in which a rank was first seen joined (later for later joins). Ranks that neither
+    separates count by rank order (the highest wins).
+    """
+    return max(range(len(agreements)), key=lambda r: (-agreements[r], engine_rounds.get(r, -1), r))
 
 
 @guard

@@ -11,7 +11,8 @@ from ..scheduling.negotiation import agree
 from ..transport import hierarchy, nccl
 from ..transport.comms import duplicate
 
-__all__ = ["ProcessSet", "global_process_set", "add_process_set", "remove_process_set", "resolve"]
+__all__ = ["ProcessSet", "global_process_set", "add_process_set", "add_process_set_of_members", "remove_process_set",
+           "resolve"]
 
 
 def resolve(process_set: Any, what: str) -> ProcessSet:
@@ -55,14 +56,21 @@ def add_process_set(process_set: ProcessSet | Sequence[int]) -> ProcessSet:
         )
     if ps.process_set_id is not None:
         raise ValueError(f"add_process_set: this set is already registered. Received: process_set={ps!r}.")
-    if any(p.ranks == ps.ranks for p in st.process_sets.values()):
+    # Sets made by their members only are not known to the other ranks: they cannot count here.
+    if any(p.ranks == ps.ranks and not getattr(p, "members_only", False) for p in st.process_sets.values()):
         raise ValueError(
             f"add_process_set: a process set with ranks {ps.ranks} already exists. Received: process_set={ps!r}."
         )
     agree(st.world, (("collective", "add_process_set"), ("ranks", tuple(ps.ranks))))
     me = st.world.Get_rank()
     comm = st.world.Split(0 if me in ps.ranks else MPI.UNDEFINED, key=me)
-    if comm != MPI.COMM_NULL:
+    # Sets made by their members only (below) advance the id on those ranks alone: take the highest.
+    st.next_process_set_id = st.world.allreduce(st.next_process_set_id, op=MPI.MAX)
+    return _register(st, ps, comm if comm != MPI.COMM_NULL else None)
+
+
+def _register(st: Any, ps: ProcessSet, comm: Any) -> ProcessSet:
+    if comm is not None:
         ps.comm = comm
         ps.engine_comm = duplicate(comm)
         ps.engine = Engine(ps.engine_comm, ps.ranks)
@@ -70,6 +78,36 @@ def add_process_set(process_set: ProcessSet | Sequence[int]) -> ProcessSet:
     st.next_process_set_id += 1
     st.process_sets[ps.process_set_id] = ps
     return ps
+
+
+def add_process_set_of_members(ranks: Sequence[int]) -> ProcessSet:
+    """Register a process set in a call made by its members only (in the same order), not by every rank.
+
+    For frameworks whose groups are created on their members alone (``torch.distributed.new_group``).
+    The members agree on the set's id (the highest next id among them); a rank outside the set does not
+    know it, so the set cannot be removed with ``remove_process_set`` (it is released by ``shutdown``).
+    """
+    from mpi4py import MPI
+
+    st = require_init("add_process_set_of_members()")
+    ps = ProcessSet(ranks)
+    me, size = st.world.Get_rank(), st.world.Get_size()
+    if not ps.ranks or any(not 0 <= r < size for r in ps.ranks) or me not in ps.ranks:
+        raise ValueError(f"add_process_set_of_members: ranks must be non-empty, within [0, {size}) and include "
+                         f"this rank ({me}). Received: ranks={ps.ranks}.")
+    # MPI_Comm_create_group is collective over the group's members only; the tag keeps concurrent creations
+    # of different sets apart.
+    world_group = st.world.Get_group()
+    group = world_group.Incl(ps.ranks)
+    try:
+        comm = st.world.Create_group(group, sum(ps.ranks) % 32768)
+    finally:
+        group.Free()
+        world_group.Free()
+    agree(comm, (("collective", "add_process_set_of_members"), ("ranks", tuple(ps.ranks))), ranks=ps.ranks)
+    st.next_process_set_id = comm.allreduce(st.next_process_set_id, op=MPI.MAX)
+    ps.members_only = True  # type: ignore[attr-defined]
+    return _register(st, ps, comm)
 
 
 def remove_process_set(process_set: ProcessSet) -> bool:

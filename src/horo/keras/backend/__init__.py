@@ -1,7 +1,8 @@
 """Per-backend pieces of ``horo.keras``: how gradients of the running Keras backend reach the core.
 
 Each backend module provides ``exchange(grads, settings, fused)`` (one fused exchange of a step's
-gradients) and ``LocalAggregator`` (Horovod's ``backward_passes_per_step``).
+gradients) and ``LocalAggregator`` (Horovod's ``backward_passes_per_step``); one may add an
+``OptimizerMixin`` that goes in front of the distributed optimizer class (JAX does).
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from types import ModuleType
 
 __all__ = ["current"]
 
-_SUPPORTED = ("tensorflow", "torch")
+_SUPPORTED = ("tensorflow", "torch", "jax")
 
 
 def current() -> ModuleType:
@@ -21,8 +22,7 @@ def current() -> ModuleType:
     name = keras.backend.backend()
     if name not in _SUPPORTED:
         raise NotImplementedError(
-            f"horo.keras supports the TensorFlow and torch Keras backends. Received: KERAS_BACKEND={name!r}. "
-            "HINT: set KERAS_BACKEND=tensorflow or KERAS_BACKEND=torch before importing keras (JAX trains "
-            "through stateless_apply, which horo does not wrap)."
+            f"horo.keras supports the TensorFlow, torch and JAX Keras backends. Received: "
+            f"KERAS_BACKEND={name!r}. HINT: set KERAS_BACKEND=tensorflow, torch or jax before importing keras."
         )
     return importlib.import_module(f"{__name__}.{name}")  # lazy: each imports its framework

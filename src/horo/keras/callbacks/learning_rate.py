@@ -15,7 +15,7 @@ from typing import Any
 
 from ... import core
 from ..optimizer import import_keras
-from ._base import Callback
+from ._base import Callback, sync_state
 
 __all__ = ["LearningRateScheduleCallback", "LearningRateWarmupCallback", "momentum_variables"]
 
@@ -115,6 +115,7 @@ class LearningRateScheduleCallback(Callback):
 
     def _adjust(self, epoch: float) -> None:
         keras = import_keras()
+        sync_state(self.model)
         var = self._lr_variable()
         old = float(keras.ops.convert_to_numpy(var))
         new = self.initial_lr * float(self.multiplier(epoch))

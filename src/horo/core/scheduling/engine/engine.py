@@ -112,6 +112,7 @@ class Engine(Waiting, Rounds, Matching, Execution, Peers, Stalls, Tuning):
         self.absent: set[int] = set()  # joined ranks in the current round
         self.join_round: dict[int, int] = {}  # round in which each joined rank was first seen joined
         self.last_joined = -1  # set when every rank has joined: the one seen last (ties: the highest)
+        self.joined_rounds: dict[int, int] = {}  # of the last completed join: each rank's join_round
         self.error: BaseException | None = None
         self.stuck_since: dict[tuple[int, int, int], float] = {}  # (rank, set id, seq) -> first seen stuck
         self.fusion = Buffers()  # the packed allreduces' buffers, one per dtype

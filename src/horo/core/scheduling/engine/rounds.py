@@ -168,6 +168,7 @@ class Rounds:
             self.join_round.setdefault(r, self.round_no)
         if len(self.absent) == self.n:  # everyone has joined: leave join mode in this same round everywhere
             self.last_joined = max(self.join_round, key=lambda r: (self.join_round[r], r))
+            self.joined_rounds = dict(self.join_round)
             self.join_round = {}
             self.joined = False
             self.absent = set()
