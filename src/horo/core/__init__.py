@@ -35,6 +35,7 @@ from .api.process_sets import (
     ProcessSet,
     add_process_set,
     add_process_set_of_members,
+    get_process_sets,
     global_process_set,
     remove_process_set,
 )
@@ -76,7 +77,7 @@ __all__ = [
     "cross_rank", "is_homogeneous", "mpi_threads_supported", "mpi_built", "mpi_enabled", "nccl_built",
     "cuda_built", "gloo_built", "gloo_enabled", "rocm_built", "ddl_built", "ccl_built",
     "ReduceOp", "Average", "Sum", "Min", "Max", "Product", "Adasum",
-    "ProcessSet", "add_process_set", "remove_process_set", "global_process_set",
+    "ProcessSet", "add_process_set", "remove_process_set", "global_process_set", "get_process_sets",
     "HoroError", "NotInitializedError", "MismatchError", "StallError", "HoroInternalError",
     "HorovodInternalError",
     "start_timeline", "stop_timeline",

@@ -12,7 +12,7 @@ from ..transport import hierarchy, nccl
 from ..transport.comms import duplicate
 
 __all__ = ["ProcessSet", "global_process_set", "add_process_set", "add_process_set_of_members", "remove_process_set",
-           "resolve"]
+           "get_process_sets", "initial_sets", "resolve", "sets_arg"]
 
 
 def resolve(process_set: Any, what: str) -> ProcessSet:
@@ -143,3 +143,64 @@ def release(ps: ProcessSet) -> None:
             except Exception:  # noqa: BLE001 - freeing at teardown must not mask the real error
                 pass
         setattr(ps, name, None)
+
+
+def get_process_sets() -> dict[int, list[int]]:
+    """The registered process sets this rank knows, as ``{process_set_id: ranks}`` (0 is the global set)."""
+    st = require_init("get_process_sets()")
+    return {i: list(ps.ranks) for i, ps in sorted(st.process_sets.items())}
+
+
+def sets_arg(process_sets: Any) -> list[ProcessSet]:
+    """``init(process_sets=...)`` as a list, checked before any communication.
+
+    Args:
+        process_sets: ``None``, ``"dynamic"`` (Horovod's word for "none now, more later": horo always allows
+            ``add_process_set`` later) or a list of ``ProcessSet``.
+
+    Raises:
+        TypeError: anything else.
+    """
+    if process_sets is None or (isinstance(process_sets, str) and process_sets.lower() == "dynamic"):
+        return []
+    if not isinstance(process_sets, (list, tuple)) or not all(isinstance(p, ProcessSet) for p in process_sets):
+        raise TypeError(
+            f"init(process_sets=...) takes a list of horo.ProcessSet. Received: process_sets={process_sets!r}. "
+            "HINT: horo.init(process_sets=[horo.ProcessSet([0, 1]), horo.ProcessSet([2, 3])])."
+        )
+    return list(process_sets)
+
+
+def initial_sets(sets: list[ProcessSet], base: Any) -> None:
+    """Check ``init``'s process sets on every rank of ``base`` together, before horo sets anything up.
+
+    Each rank must pass the same sets in the same order (the order of each set's ranks does not matter);
+    a set may not repeat another, or the global set. Horovod refuses these with ``ValueError``; so does
+    horo, on every rank (one small allgather on ``base``, so ranks that disagree raise instead of hanging).
+
+    Raises:
+        ValueError: on every rank, for a repeated set, a set of bad ranks, or ranks that passed different sets.
+    """
+    size = base.Get_size()
+    problem = ""
+    seen: dict[tuple[int, ...], int] = {tuple(range(size)): -1}
+    for i, ps in enumerate(sets):
+        key = tuple(ps.ranks)
+        if not key or any(not 0 <= r < size for r in key):
+            problem = f"process_sets[{i}] has ranks outside [0, {size}): {list(key)}"
+        elif ps.process_set_id is not None:
+            problem = f"process_sets[{i}] is registered already: {ps!r}"
+        elif key in seen:
+            twin = "the global process set" if seen[key] < 0 else f"process_sets[{seen[key]}]"
+            problem = f"process_sets[{i}] repeats {twin}: ranks {list(key)}"
+        if problem:
+            break
+        seen[key] = i
+    lists = base.allgather([list(ps.ranks) for ps in sets])
+    if any(theirs != lists[0] for theirs in lists):
+        per_rank = "; ".join(f"rank {r}: {theirs}" for r, theirs in enumerate(lists))
+        raise ValueError(f"init(process_sets=...): the ranks passed different process sets. Received: {per_rank}. "
+                         "HINT: pass the same sets, in the same order, on every rank.")
+    if problem:
+        raise ValueError(f"init(process_sets=...): {problem}. Received: process_sets={sets!r}. HINT: list each "
+                         "set once; the global set (all ranks) always exists as horo.global_process_set.")

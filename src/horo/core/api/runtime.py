@@ -22,7 +22,7 @@ from ..scheduling.engine import Engine
 from ..scheduling.negotiation import agree
 from ..transport import mpi_env, mpi_ops, nccl
 from ..transport.comms import connect_pairs, duplicate, singleton_segments
-from .process_sets import ProcessSet, add_process_set, global_process_set, release
+from .process_sets import ProcessSet, add_process_set, global_process_set, initial_sets, release, sets_arg
 
 __all__ = [
     "init", "shutdown", "is_initialized", "size", "rank", "local_size", "local_rank", "cross_size",
@@ -35,19 +35,25 @@ _aborting = False
 _original_excepthook = sys.excepthook
 
 
-def init(comm: Any = None, process_sets: Sequence[ProcessSet] | None = None) -> None:
+def init(comm: Any = None, process_sets: Sequence[ProcessSet] | str | None = None) -> None:
     """Initialise horo on ``comm`` (default: all MPI processes). Calling it again is a no-op.
+
+    Starts MPI when nobody has (``mpi4py.rc.initialize = False``), and then finalizes it at exit.
 
     Args:
         comm: an mpi4py communicator, or a list of global ranks to build one from.
-        process_sets: process sets to register right away (same list on every rank).
+        process_sets: process sets to register right away (same list on every rank; ids 1, 2, ... in list
+            order), or ``"dynamic"`` (none now).
     """
     global _atexit_registered
     if state.initialized:
         return
+    sets = sets_arg(process_sets)
     mpi_env.before_init()  # Open MPI reads it in MPI_Init, which this import may run
     from mpi4py import MPI
 
+    mpi_env.start(MPI)  # a script may have set mpi4py.rc.initialize = False
+    made = comm is None or not isinstance(comm, MPI.Comm)  # base is horo's own, unless it is COMM_WORLD
     if comm is None:
         base = MPI.COMM_WORLD
         parent = MPI.Comm.Get_parent()
@@ -65,10 +71,12 @@ def init(comm: Any = None, process_sets: Sequence[ProcessSet] | None = None) -> 
             f"init(comm=...) takes an mpi4py communicator or a list of ranks. Received: comm={comm!r}. "
             "HINT: horo.init(comm=MPI.COMM_WORLD.Split(color, key))."
         )
-    if process_sets is not None and not isinstance(process_sets, (list, tuple)):
-        raise TypeError(
-            f"init(process_sets=...) takes a list of horo.ProcessSet. Received: process_sets={process_sets!r}."
-        )
+    try:
+        initial_sets(sets, base)
+    except BaseException:
+        if made and base != MPI.COMM_WORLD and base != MPI.COMM_NULL:
+            base.Free()
+        raise
     connect_pairs(base)  # first, so each direction between two hosts gets its own TCP connection
     world = duplicate(base)
     # Errors as exceptions, whatever the caller's handler: a dead peer must surface (see core.fault).
@@ -98,7 +106,7 @@ def init(comm: Any = None, process_sets: Sequence[ProcessSet] | None = None) -> 
     state.process_sets = {0: global_process_set}
     state.next_process_set_id = 1
     state.initialized = True
-    for ps in process_sets or ():
+    for ps in sets:
         add_process_set(ps)
     path = os.environ.get("HORO_TIMELINE")
     if path and world.Get_rank() == 0:

@@ -11,6 +11,7 @@ those four types with its own MPI operation instead (:func:`wrapping_sum`).
 
 from __future__ import annotations
 
+import atexit
 import os
 import sys
 from collections.abc import MutableMapping
@@ -18,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["OPEN_MPI_DEFAULTS", "SMALL_INTEGERS", "before_init", "integer_sums_wrap", "wrapping_sum"]
+__all__ = ["OPEN_MPI_DEFAULTS", "SMALL_INTEGERS", "before_init", "integer_sums_wrap", "start", "wrapping_sum"]
 
 #: MCA settings for Open MPI's processes; a value the user set wins.
 OPEN_MPI_DEFAULTS: dict[str, str] = {"OMPI_MCA_op": "^avx"}
@@ -30,11 +31,13 @@ SMALL_INTEGERS = tuple(np.dtype(t) for t in (np.int8, np.uint8, np.int16, np.uin
 def before_init(environ: MutableMapping[str, str] | None = None) -> None:
     """Set :data:`OPEN_MPI_DEFAULTS` in ``environ`` (default ``os.environ``) where the user has not.
 
-    Open MPI reads them in ``MPI_Init``, which runs when ``mpi4py.MPI`` is first imported; later is too
-    late, and :func:`integer_sums_wrap` then tells whether horo needs :func:`wrapping_sum`.
+    Open MPI reads them in ``MPI_Init``, which runs when ``mpi4py.MPI`` is first imported (unless the script
+    set ``mpi4py.rc.initialize = False``: then in :func:`start`); later is too late, and
+    :func:`integer_sums_wrap` then tells whether horo needs :func:`wrapping_sum`.
     """
     environ = os.environ if environ is None else environ
-    if environ is os.environ and "mpi4py.MPI" in sys.modules:
+    mpi = sys.modules.get("mpi4py.MPI")
+    if environ is os.environ and mpi is not None and mpi.Is_initialized():
         return
     for name, value in OPEN_MPI_DEFAULTS.items():
         environ.setdefault(name, value)
@@ -64,3 +67,30 @@ def wrapping_sum(mpi: Any) -> Any:
         np.add(acc, np.frombuffer(inbuf, dtype=dtype), out=acc)
 
     return mpi.Op.Create(add, commute=True)
+
+
+def start(mpi: Any) -> None:
+    """Start the MPI library if nobody has, and finalize it at exit, as Horovod does.
+
+    A script that sets ``mpi4py.rc.initialize = False`` imports ``mpi4py.MPI`` without starting MPI (and
+    mpi4py then finalizes nothing at exit either). horo asks for ``MPI_THREAD_MULTIPLE``, which its engine
+    threads need. Horovod finalizes in ``shutdown()``; horo waits for the process to exit (after horo's own
+    shutdown at exit, registered later), since MPI cannot start twice and ``init()`` may follow ``shutdown()``
+    (an elastic reset does that).
+
+    Raises:
+        RuntimeError: MPI was finalized already (it cannot start again).
+    """
+    if mpi.Is_finalized():
+        raise RuntimeError("horo.init(): MPI has been finalized in this process and cannot start again. "
+                           "Received: MPI.Is_finalized()=True. HINT: call horo.init() before MPI.Finalize(), "
+                           "and let horo or mpi4py finalize MPI at exit.")
+    if mpi.Is_initialized():
+        return
+    mpi.Init_thread(mpi.THREAD_MULTIPLE)
+    atexit.register(_finalize, mpi)
+
+
+def _finalize(mpi: Any) -> None:
+    if mpi.Is_initialized() and not mpi.Is_finalized():
+        mpi.Finalize()
