@@ -16,7 +16,7 @@ except ImportError as _exc:  # pragma: no cover - depends on the installed extra
 # Runtime queries, ops, errors, process sets: shared by every facade.
 from .._facade import *  # noqa: F403
 from .._facade import __all__ as _shared
-from . import backend, elastic
+from . import backend, elastic, mpi_ops
 from .backend import init_process_group, process_set_of
 from .compression import Compression
 from .exchange import GradientExchange
@@ -67,5 +67,5 @@ __all__ = [
     "grouped_allgather", "grouped_allgather_async", "grouped_allreduce", "grouped_allreduce_",
     "grouped_allreduce_async", "grouped_allreduce_async_", "grouped_reducescatter", "grouped_reducescatter_async",
     "join", "poll", "reducescatter", "reducescatter_async", "sparse_allreduce_async", "synchronize",
-    "SyncBatchNorm", "init_process_group", "process_set_of",
+    "SyncBatchNorm", "init_process_group", "process_set_of", "mpi_ops",
 ]

@@ -11,6 +11,11 @@ yields the gradient of the mean loss:
 
 Horovod averages (instead of summing) in the allgather and broadcast gradients, i.e. its gradients there
 are ``1/size`` of these.
+
+The autograd functions have Horovod's names and ``apply`` arguments (``HorovodAllreduce.apply(tensor, average,
+name, op, prescale_factor, postscale_factor, process_set)``, ...); ``horo.torch.mpi_ops`` re-exports them.
+This module also holds Horovod's ``horovod.torch.functions`` four: ``broadcast_parameters``,
+``broadcast_optimizer_state``, ``broadcast_object`` and ``allgather_object`` (from ``horo.torch.state``).
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ from .. import core
 from ..core.api.process_sets import ProcessSet
 from ..core.base.ops import Average, ReduceOp, Sum, resolve_op
 from .compression import Compression, Compressor
+from .state import allgather_object, broadcast_object, broadcast_optimizer_state, broadcast_parameters
 from .tensors import stage
 
 __all__ = [
@@ -37,6 +43,18 @@ __all__ = [
     "grouped_allreduce",
     "grouped_reducescatter",
     "reducescatter",
+    "broadcast_parameters",
+    "broadcast_optimizer_state",
+    "broadcast_object",
+    "allgather_object",
+    "HorovodAllreduce",
+    "HorovodGroupedAllreduce",
+    "HorovodAllgather",
+    "HorovodGroupedAllgather",
+    "HorovodBroadcast",
+    "HorovodAlltoall",
+    "HorovodReducescatter",
+    "HorovodGroupedReducescatter",
 ]
 
 
@@ -44,7 +62,7 @@ def _set(process_set: ProcessSet | None) -> ProcessSet:
     return core.global_process_set if process_set is None else process_set
 
 
-class _Allreduce(torch.autograd.Function):
+class HorovodAllreduce(torch.autograd.Function):
     @staticmethod
     def forward(ctx: FunctionCtx, tensor: torch.Tensor, average: Any, name: str | None, op: Any, pre: float,
                 post: float, process_set: ProcessSet | None) -> torch.Tensor:
@@ -64,11 +82,11 @@ def allreduce(tensor: torch.Tensor, average: bool | None = None, name: str | Non
               postscale_factor: float = 1.0, process_set: ProcessSet | None = None) -> torch.Tensor:
     """Reduce ``tensor`` over the ranks (Average by default); returns a new tensor. Differentiable."""
     wire, ctx = compression.compress(tensor)
-    out = _Allreduce.apply(wire, average, name, op, prescale_factor, postscale_factor, process_set)
+    out = HorovodAllreduce.apply(wire, average, name, op, prescale_factor, postscale_factor, process_set)
     return compression.decompress(out, ctx)
 
 
-class _GroupedAllreduce(torch.autograd.Function):
+class HorovodGroupedAllreduce(torch.autograd.Function):
     @staticmethod
     def forward(ctx: FunctionCtx, average: Any, name: str | None, op: Any, pre: float, post: float,
                 process_set: ProcessSet | None, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
@@ -94,42 +112,69 @@ def grouped_allreduce(tensors: Sequence[torch.Tensor], average: bool | None = No
         raise TypeError(f"horo.torch.grouped_allreduce takes a non-empty list of tensors. Received: "
                         f"tensors={tensors!r}. HINT: pass [t1, t2, ...].")
     wires, ctxs = zip(*(compression.compress(t) for t in tensors))
-    outs = _GroupedAllreduce.apply(average, name, op, prescale_factor, postscale_factor, process_set, *wires)
+    outs = HorovodGroupedAllreduce.apply(average, name, op, prescale_factor, postscale_factor, process_set, *wires)
     return [compression.decompress(o, c) for o, c in zip(outs, ctxs)]
 
 
-class _Allgather(torch.autograd.Function):
+def _rows(tensor: torch.Tensor) -> int:
+    return tensor.shape[0] if tensor.dim() else 0
+
+
+def _allgather_grad(grad: torch.Tensor, rows: int, ps: ProcessSet | None) -> torch.Tensor:
+    """This rank's rows of the sum of every rank's gradient of the gathered tensor."""
+    g = stage(grad, "horo.torch.allgather (backward)")
+    total = core.allreduce(g.array, op=Sum, process_set=ps)
+    counts = core.allgather(np.array([rows], dtype=np.int64), process_set=ps)
+    start = int(counts[:_set(ps).rank()].sum())
+    mine = total[start:start + rows]
+    mine = mine.contiguous() if isinstance(mine, torch.Tensor) else np.ascontiguousarray(mine)
+    return g.wrap(mine)
+
+
+class HorovodAllgather(torch.autograd.Function):
     @staticmethod
     def forward(ctx: FunctionCtx, tensor: torch.Tensor, name: str | None,
                 process_set: ProcessSet | None) -> torch.Tensor:
-        ctx.rows, ctx.ps = (tensor.shape[0] if tensor.dim() else 0), process_set  # type: ignore[attr-defined]
+        ctx.rows, ctx.ps = _rows(tensor), process_set  # type: ignore[attr-defined]
         s = stage(tensor, "horo.torch.allgather")
         return s.wrap(core.allgather(s.array, name, process_set))
 
     @staticmethod
     def backward(ctx: FunctionCtx, grad: torch.Tensor) -> tuple[Any, ...]:
-        ps = ctx.ps  # type: ignore[attr-defined]
-        g = stage(grad, "horo.torch.allgather (backward)")
-        total = core.allreduce(g.array, op=Sum, process_set=ps)
-        rows = core.allgather(np.array([ctx.rows], dtype=np.int64), process_set=ps)  # type: ignore[attr-defined]
-        start = int(rows[:_set(ps).rank()].sum())
-        mine = total[start:start + ctx.rows]  # type: ignore[attr-defined]
-        mine = mine.contiguous() if isinstance(mine, torch.Tensor) else np.ascontiguousarray(mine)
-        return g.wrap(mine), None, None
+        return _allgather_grad(grad, ctx.rows, ctx.ps), None, None  # type: ignore[attr-defined]
 
 
 def allgather(tensor: torch.Tensor, name: str | None = None,
               process_set: ProcessSet | None = None) -> torch.Tensor:
     """Concatenate every rank's ``tensor`` along dim 0 (dim 0 may differ per rank). Differentiable."""
-    return _Allgather.apply(tensor, name, process_set)
+    return HorovodAllgather.apply(tensor, name, process_set)
+
+
+class HorovodGroupedAllgather(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: FunctionCtx, name: str | None, process_set: ProcessSet | None,
+                *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        ctx.rows, ctx.ps = [_rows(t) for t in tensors], process_set  # type: ignore[attr-defined]
+        staged = [stage(t, "horo.torch.grouped_allgather", f"tensors[{i}]") for i, t in enumerate(tensors)]
+        outs = core.grouped_allgather([s.array for s in staged], name, process_set)
+        return tuple(s.wrap(o) for s, o in zip(staged, outs))
+
+    @staticmethod
+    def backward(ctx: FunctionCtx, *grads: torch.Tensor) -> tuple[Any, ...]:
+        rows, ps = ctx.rows, ctx.ps  # type: ignore[attr-defined]
+        return (None, None) + tuple(_allgather_grad(g, n, ps) for g, n in zip(grads, rows))
 
 
 def grouped_allgather(tensors: Sequence[torch.Tensor], name: str | None = None,
                       process_set: ProcessSet | None = None) -> list[torch.Tensor]:
-    return [allgather(t, None if name is None else f"{name}.{i}", process_set) for i, t in enumerate(tensors)]
+    """``allgather`` of each tensor (all checked first). Differentiable."""
+    if not isinstance(tensors, (list, tuple)):
+        raise TypeError(f"horo.torch.grouped_allgather takes a list of tensors. Received: tensors={tensors!r}. "
+                        "HINT: pass [t1, t2, ...].")
+    return list(HorovodGroupedAllgather.apply(name, process_set, *tensors)) if tensors else []
 
 
-class _Broadcast(torch.autograd.Function):
+class HorovodBroadcast(torch.autograd.Function):
     @staticmethod
     def forward(ctx: FunctionCtx, tensor: torch.Tensor, root_rank: int, name: str | None,
                 process_set: ProcessSet | None) -> torch.Tensor:
@@ -149,24 +194,29 @@ class _Broadcast(torch.autograd.Function):
 def broadcast(tensor: torch.Tensor, root_rank: int, name: str | None = None,
               process_set: ProcessSet | None = None) -> torch.Tensor:
     """Return root_rank's ``tensor`` on every rank (a new tensor). Differentiable."""
-    return _Broadcast.apply(tensor, root_rank, name, process_set)
+    return HorovodBroadcast.apply(tensor, root_rank, name, process_set)
 
 
-class _Alltoall(torch.autograd.Function):
+class HorovodAlltoall(torch.autograd.Function):
+    """Returns the received rows, and with ``splits`` given also the received splits (as Horovod's)."""
+
     @staticmethod
     def forward(ctx: FunctionCtx, tensor: torch.Tensor, splits: Any, name: str | None,
-                process_set: ProcessSet | None) -> tuple[torch.Tensor, torch.Tensor]:
+                process_set: ProcessSet | None) -> Any:
         s = stage(tensor, "horo.torch.alltoall")
+        given = splits is not None
         if isinstance(splits, torch.Tensor):
             splits = splits.detach().cpu().tolist()
         out, received = core.alltoall(s.array, splits, name, process_set)
         ctx.received, ctx.ps = received, process_set  # type: ignore[attr-defined]
+        if not given:
+            return s.wrap(out)
         received_t = torch.from_numpy(received.astype(np.int32))
         ctx.mark_non_differentiable(received_t)
         return s.wrap(out), received_t
 
     @staticmethod
-    def backward(ctx: FunctionCtx, grad: torch.Tensor, _unused: Any) -> tuple[Any, ...]:
+    def backward(ctx: FunctionCtx, grad: torch.Tensor, *_unused: Any) -> tuple[Any, ...]:
         g = stage(grad, "horo.torch.alltoall (backward)")
         back, _ = core.alltoall(g.array, ctx.received, None, ctx.ps)  # type: ignore[attr-defined]
         return g.wrap(back), None, None, None
@@ -179,29 +229,50 @@ def alltoall(tensor: torch.Tensor, splits: Any = None, name: str | None = None,
     Returns:
         The received rows; with ``splits`` given, ``(rows, received_splits)`` as in Horovod.
     """
-    out, received = _Alltoall.apply(tensor, splits, name, process_set)
-    return out if splits is None else (out, received)
+    return HorovodAlltoall.apply(tensor, splits, name, process_set)
 
 
-class _Reducescatter(torch.autograd.Function):
+def _reducescatter_scale(op: Any, process_set: ProcessSet | None, pre: float, post: float) -> float:
+    scale = float(pre) * float(post)
+    if resolve_op(op) is Average:
+        scale /= _set(process_set).size()
+    return scale
+
+
+def _reducescatter_grad(grad: torch.Tensor, scale: float, ps: ProcessSet | None) -> torch.Tensor:
+    """Every rank's gradient rows, gathered, times the forward's scale."""
+    g = stage(grad, "horo.torch.reducescatter (backward)")
+    full = g.wrap(core.allgather(g.array, None, ps))
+    return full * scale if scale != 1.0 else full
+
+
+class HorovodReducescatter(torch.autograd.Function):
     @staticmethod
-    def forward(ctx: FunctionCtx, tensor: torch.Tensor, op: Any, name: str | None,
+    def forward(ctx: FunctionCtx, tensor: torch.Tensor, name: str | None, op: Any,
                 process_set: ProcessSet | None, pre: float, post: float) -> torch.Tensor:
         s = stage(tensor, "horo.torch.reducescatter")
         out = s.wrap(core.reducescatter(s.array, op, name, process_set, pre, post))
-        scale = float(pre) * float(post)
-        if resolve_op(op) is Average:
-            scale /= _set(process_set).size()
-        ctx.scale, ctx.ps = scale, process_set  # type: ignore[attr-defined]
+        ctx.scale, ctx.ps = _reducescatter_scale(op, process_set, pre, post), process_set  # type: ignore[attr-defined]
         return out
 
     @staticmethod
     def backward(ctx: FunctionCtx, grad: torch.Tensor) -> tuple[Any, ...]:
-        g = stage(grad, "horo.torch.reducescatter (backward)")
-        full = g.wrap(core.allgather(g.array, None, ctx.ps))  # type: ignore[attr-defined]
-        if ctx.scale != 1.0:  # type: ignore[attr-defined]
-            full = full * ctx.scale  # type: ignore[attr-defined]
-        return full, None, None, None, None, None
+        return (_reducescatter_grad(grad, ctx.scale, ctx.ps),) + (None,) * 5  # type: ignore[attr-defined]
+
+
+class HorovodGroupedReducescatter(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: FunctionCtx, name: str | None, op: Any, process_set: ProcessSet | None, pre: float,
+                post: float, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        staged = [stage(t, "horo.torch.grouped_reducescatter", f"tensors[{i}]") for i, t in enumerate(tensors)]
+        outs = core.grouped_reducescatter([s.array for s in staged], op, name, process_set, pre, post)
+        ctx.scale, ctx.ps = _reducescatter_scale(op, process_set, pre, post), process_set  # type: ignore[attr-defined]
+        return tuple(s.wrap(o) for s, o in zip(staged, outs))
+
+    @staticmethod
+    def backward(ctx: FunctionCtx, *grads: torch.Tensor) -> tuple[Any, ...]:
+        scale, ps = ctx.scale, ctx.ps  # type: ignore[attr-defined]
+        return (None,) * 5 + tuple(_reducescatter_grad(g, scale, ps) for g in grads)
 
 
 def _name_op(name: Any, op: Any) -> tuple[str | None, Any]:
@@ -218,7 +289,7 @@ def reducescatter(tensor: torch.Tensor, name: str | None = None, compression: ty
     Differentiable. Arguments in Horovod's order (``name`` second)."""
     name, op = _name_op(name, op)
     wire, cctx = compression.compress(tensor)
-    out = _Reducescatter.apply(wire, op, name, process_set, prescale_factor, postscale_factor)
+    out = HorovodReducescatter.apply(wire, name, op, process_set, prescale_factor, postscale_factor)
     return compression.decompress(out, cctx)
 
 
@@ -228,5 +299,11 @@ def grouped_reducescatter(tensors: Sequence[torch.Tensor], name: str | None = No
                           postscale_factor: float = 1.0) -> list[torch.Tensor]:
     """``reducescatter`` of each tensor (arguments in Horovod's order). Differentiable."""
     name, op = _name_op(name, op)
-    return [reducescatter(t, None if name is None else f"{name}.{i}", compression, op, process_set, prescale_factor,
-                          postscale_factor) for i, t in enumerate(tensors)]
+    if not isinstance(tensors, (list, tuple)):
+        raise TypeError(f"horo.torch.grouped_reducescatter takes a list of tensors. Received: tensors={tensors!r}. "
+                        "HINT: pass [t1, t2, ...].")
+    if not tensors:
+        return []
+    wires, ctxs = zip(*(compression.compress(t) for t in tensors))
+    outs = HorovodGroupedReducescatter.apply(name, op, process_set, prescale_factor, postscale_factor, *wires)
+    return [compression.decompress(o, c) for o, c in zip(outs, ctxs)]

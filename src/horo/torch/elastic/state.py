@@ -1,40 +1,39 @@
-"""Elastic training for PyTorch: ``hvd.elastic.TorchState`` and ``hvd.elastic.ElasticSampler`` (Horovod's API).
+"""Elastic state for PyTorch (Horovod's ``horovod.torch.elastic.state``): ``TorchState`` and its handlers.
 
-Also re-exports the framework-free part (``run``, ``State``, ``ObjectState``, ``HostsUpdatedInterrupt``,
-``HoroInternalError``/``HorovodInternalError``), so ``import horo.torch as hvd`` gives ``hvd.elastic.run``.
+Each value of a ``TorchState`` whose type is in the handler registry is kept by a ``StateHandler``: a model
+(``ModelStateHandler``), an optimizer (``OptimizerStateHandler``) or an ``ElasticSampler``
+(``SamplerStateHandler``). ``set_handler_registry`` adds handlers for more types, as in Horovod.
 """
 
 from __future__ import annotations
 
 import copy
-import math
-from collections.abc import Iterable, Iterator
 from typing import Any
 
 import torch
-import torch.utils.data
 
-from .. import core
-from ..elastic import (
-    ElasticError,
-    HoroInternalError,
-    HorovodInternalError,
-    HostsUpdatedInterrupt,
-    ObjectState,
-    State,
-    reset_count,
-    run,
-)
-from .state import broadcast_optimizer_state, broadcast_parameters
+from ... import core
+from ...elastic import ObjectState
+from ..state import broadcast_optimizer_state, broadcast_parameters
+from .sampler import ElasticSampler
 
-__all__ = ["TorchState", "ElasticSampler", "run", "State", "ObjectState", "HostsUpdatedInterrupt",
-           "HoroInternalError", "HorovodInternalError", "ElasticError", "reset_count"]
+__all__ = ["TorchState", "StateHandler", "ModelStateHandler", "OptimizerStateHandler", "SamplerStateHandler",
+           "get_handler_registry", "set_handler_registry"]
 
 
-class _Handler:
-    """Saves, restores and syncs one torch object held by a ``TorchState``."""
+class StateHandler:
+    """Saves, restores and syncs one object held by a ``TorchState``; subclasses write the three methods.
+
+    ``save`` keeps a copy to roll back to (in ``_saved``, which also travels with a committed state when the
+    job restarts after a lost host), ``restore`` rolls back to it, ``sync`` makes every rank hold rank 0's value.
+    """
 
     def __init__(self, value: Any) -> None:
+        self.value = value
+        self.save()
+
+    def set_value(self, value: Any) -> None:
+        """Hold ``value`` instead (``state.model = new_model``), saved as the new rollback point."""
         self.value = value
         self.save()
 
@@ -48,7 +47,7 @@ class _Handler:
         raise NotImplementedError
 
 
-class _ModelHandler(_Handler):
+class ModelStateHandler(StateHandler):
     def save(self) -> None:
         self._saved = copy.deepcopy(self.value.state_dict())
 
@@ -59,7 +58,7 @@ class _ModelHandler(_Handler):
         broadcast_parameters(self.value.state_dict(), root_rank=0)
 
 
-class _OptimizerHandler(_Handler):
+class OptimizerStateHandler(StateHandler):
     def save(self) -> None:
         self._saved = copy.deepcopy(self.value.state_dict())
 
@@ -73,7 +72,7 @@ class _OptimizerHandler(_Handler):
         broadcast_optimizer_state(self.value, root_rank=0)
 
 
-class _SamplerHandler(_Handler):
+class SamplerStateHandler(StateHandler):
     def save(self) -> None:
         self._saved = copy.deepcopy(self.value.state_dict())
 
@@ -90,13 +89,34 @@ class _SamplerHandler(_Handler):
         self.value.load_state_dict(core.broadcast_object(sd, 0, name="horo.elastic.sampler.state"))
 
 
-def _handler_for(value: Any) -> _Handler | None:
-    if isinstance(value, torch.nn.Module):
-        return _ModelHandler(value)
-    if isinstance(value, torch.optim.Optimizer):
-        return _OptimizerHandler(value)
-    if isinstance(value, ElasticSampler):
-        return _SamplerHandler(value)
+_handler_registry: list[tuple[type, type[StateHandler]]] = [
+    (torch.nn.Module, ModelStateHandler),
+    (torch.optim.Optimizer, OptimizerStateHandler),
+    (ElasticSampler, SamplerStateHandler),
+]
+
+
+def get_handler_registry() -> list[tuple[type, type[StateHandler]]]:
+    """The ``(type, handler class)`` pairs ``TorchState`` consults, first match first."""
+    return _handler_registry
+
+
+def set_handler_registry(registry: list[tuple[type, type[StateHandler]]]) -> None:
+    """Replace the registry (e.g. ``get_handler_registry() + [(MyType, MyHandler)]``)."""
+    global _handler_registry
+    pairs = list(registry)
+    for pair in pairs:
+        if not (isinstance(pair, tuple) and len(pair) == 2 and isinstance(pair[0], type)
+                and isinstance(pair[1], type) and issubclass(pair[1], StateHandler)):
+            raise TypeError(f"set_handler_registry takes (type, StateHandler subclass) pairs. Received: {pair!r}. "
+                            "HINT: set_handler_registry(get_handler_registry() + [(MyType, MyHandler)]).")
+    _handler_registry = pairs
+
+
+def _handler_for(value: Any) -> StateHandler | None:
+    for kind, handler in _handler_registry:
+        if isinstance(value, kind):
+            return handler(value)
     return None
 
 
@@ -125,7 +145,7 @@ class TorchState(ObjectState):
             values["model"] = model
         if optimizer is not None:
             values["optimizer"] = optimizer
-        handlers: dict[str, _Handler] = {}
+        handlers: dict[str, StateHandler] = {}
         plain: dict[str, Any] = {}
         for name, value in values.items():
             h = _handler_for(value)
@@ -141,7 +161,7 @@ class TorchState(ObjectState):
     def __setattr__(self, name: str, value: Any) -> None:
         handlers = self.__dict__.get("_handlers", {})
         if name in handlers:
-            handlers[name].value = value
+            handlers[name].set_value(value)
         object.__setattr__(self, name, value)
 
     def save(self) -> None:
@@ -155,11 +175,13 @@ class TorchState(ObjectState):
         super().restore()
 
     def committed(self) -> Any:
-        return {**super().committed(), "torch": {name: h._saved for name, h in self._handlers.items()}}
+        saved = {name: getattr(h, "_saved", None) for name, h in self._handlers.items()}
+        return {**super().committed(), "torch": saved}
 
     def load_committed(self, value: Any) -> None:
         for name, h in self._handlers.items():
-            h._saved = value["torch"][name]
+            if value["torch"].get(name) is not None:
+                h._saved = value["torch"][name]
         super().load_committed(value)
 
     def sync(self) -> None:
@@ -167,84 +189,3 @@ class TorchState(ObjectState):
             h.sync()
         super().sync()
         self.save()  # what was synced is the new rollback point on every rank (new workers included)
-
-
-class ElasticSampler(torch.utils.data.Sampler):
-    """Shards a dataset over the current world and, after a reset, only over what is left of the epoch.
-
-    Record what was trained (``record_batch(batch_idx, batch_size)`` or ``record_indices``) before each
-    ``state.commit()``; after a reset the remaining samples of the epoch are re-partitioned over the new
-    world, so none that was committed is served again (a dead worker's committed batches included). Like
-    torch's ``DistributedSampler`` it pads each partition to a multiple of the world size (at most ``size - 1``
-    repeated samples per partition), so every rank runs the same number of steps.
-
-    Args:
-        dataset: anything with ``len()``.
-        shuffle: a new permutation each epoch (``set_epoch``), the same on every rank.
-        seed: the permutation seed.
-    """
-
-    def __init__(self, dataset: Any, shuffle: bool = True, seed: int = 0) -> None:
-        if not hasattr(dataset, "__len__"):
-            raise TypeError(f"ElasticSampler needs a dataset with len(). Received: dataset of type "
-                            f"{type(dataset).__name__}.")
-        self.dataset = dataset
-        self.shuffle = bool(shuffle)
-        self.seed = int(seed)
-        self.epoch = 0
-        self.processed_indices: set[int] = set()
-        self.indices: list[int] = []
-        self._shares: list[list[int]] = []
-        self.reset()
-
-    def set_epoch(self, epoch: int) -> None:
-        """Start epoch ``epoch``: nothing processed yet, a new permutation."""
-        self.epoch = int(epoch)
-        self.processed_indices = set()
-        self.reset()
-
-    def record_batch(self, batch_idx: int, batch_size: int) -> None:
-        """Mark batch ``batch_idx`` (of ``batch_size`` samples) of the current pass as processed, on every rank.
-
-        Ranks step together, so this rank also records the other ranks' batch ``batch_idx`` (their shares are
-        known). Unlike Horovod, where only survivors' own records were merged at a reset, the samples a dead
-        worker had committed are therefore not served again.
-        """
-        start = batch_idx * batch_size
-        for share in self._shares:
-            self.record_indices(share[start:min(start + batch_size, len(share))])
-
-    def record_indices(self, indices: Iterable[int]) -> None:
-        self.processed_indices.update(int(i) for i in indices)
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"epoch": self.epoch, "processed_indices": set(self.processed_indices)}
-
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        self.epoch = int(state_dict["epoch"])
-        self.processed_indices = set(state_dict["processed_indices"])
-        self.reset()
-
-    def reset(self) -> None:
-        """Re-partition what is left of the epoch over the current world."""
-        self.num_replicas = core.size() if core.is_initialized() else 1
-        self.rank = core.rank() if core.is_initialized() else 0
-        order = list(range(len(self.dataset)))
-        if self.shuffle:
-            g = torch.Generator()
-            g.manual_seed(self.seed + self.epoch)
-            order = torch.randperm(len(order), generator=g).tolist()
-        self.remaining_indices = [i for i in order if i not in self.processed_indices]
-        self.num_samples = math.ceil(len(self.remaining_indices) / self.num_replicas)
-        self.total_size = self.num_samples * self.num_replicas
-
-    def __iter__(self) -> Iterator[int]:
-        idx = list(self.remaining_indices)
-        if idx:
-            idx += (idx * math.ceil(self.total_size / len(idx)))[: self.total_size - len(idx)]
-        self._shares = [idx[r:self.total_size:self.num_replicas] for r in range(self.num_replicas)]
-        self.indices = self._shares[self.rank]
-        return iter(self.indices)
-
-    def __len__(self) -> int:
-        return self.num_samples
