@@ -1,0 +1,60 @@
+"""horo.tensorflow's Horovod names that live next to the tape: ``PartialDistributedGradientTape``."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from keras_util import agree
+
+
+@pytest.mark.parametrize("scale_local_gradients", [True, False])
+def test_partial_tape_keeps_local_layers_gradients(hvd, world, rank, tf_backend, scale_local_gradients):
+    import keras
+    import tensorflow as tf
+
+    import horo.tensorflow as htf
+
+    keras.utils.set_random_seed(3)
+    shared, local = keras.layers.Dense(3), keras.layers.Dense(2)
+    model = keras.Sequential([keras.Input((4,)), shared, local])
+    x = tf.constant(np.full((2, 4), rank + 1.0, dtype="float32"))
+
+    def grads(wrap):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(model(x) ** 2)
+        return wrap(tape).gradient(loss, model.trainable_weights)
+
+    plain = [g.numpy() for g in grads(lambda t: t)]
+    everyone = hvd.allgather_object(plain)
+    partial = [g.numpy() for g in grads(lambda t: htf.PartialDistributedGradientTape(
+        t, local_layers=local, scale_local_gradients=scale_local_gradients))]
+    traced = [g.numpy() for g in tf.function(lambda: grads(lambda t: htf.PartialDistributedGradientTape(
+        t, local_layers=[local], scale_local_gradients=scale_local_gradients)))()]
+    n_shared = len(shared.trainable_weights)
+
+    def check():
+        for got in (partial, traced):
+            for i, g in enumerate(got):
+                if i < n_shared:  # exchanged: the average over ranks
+                    np.testing.assert_allclose(g, np.mean([e[i] for e in everyone], axis=0), rtol=1e-5)
+                else:  # this rank's own, scaled by 1/size when asked
+                    np.testing.assert_allclose(g, plain[i] / (world if scale_local_gradients else 1), rtol=1e-5)
+    agree(check)
+
+
+def test_partial_tape_splits_local_and_global_and_refuses_non_layers(hvd, tf_backend):
+    import keras
+    import tensorflow as tf
+
+    import horo.tensorflow as htf
+
+    v, w = tf.Variable(2.0), tf.Variable(3.0)
+    with tf.GradientTape() as tape:
+        loss = v * w
+    tape = htf.PartialDistributedGradientTape(tape, scale_local_gradients=False)
+    tape.register_local_source(w)
+    local, shared = tape.get_local_and_global_gradients(loss, [v, w])
+    assert [s is w for s, _ in local] == [True] and [s is v for s, _ in shared] == [True]
+    assert float(local[0][1]) == 2.0
+    with pytest.raises(ValueError, match="Received: local_layers"):
+        htf.PartialDistributedGradientTape(tf.GradientTape(), local_layers=[keras.layers.Dense(1), "x"])
