@@ -36,6 +36,8 @@ try:
 except ValueError as exc:
     assert "repeats the global process set" in str(exc), exc
 assert MPI.Is_initialized() and not hvd.is_initialized()
+# horo started MPI, after setting what it asks of Open MPI (saturating small-integer sums left out).
+assert os.environ.get("OMPI_MCA_op") == "^avx", os.environ.get("OMPI_MCA_op")
 
 # Ranks that pass different lists are refused too, on every rank (no rank is left waiting).
 try:
