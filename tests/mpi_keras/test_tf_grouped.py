@@ -4,19 +4,12 @@ refused on every rank before any communication), eagerly and in a ``tf.function`
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
-
 import numpy as np
 import pytest
 from keras_util import agree
+from pending import unless_pending
 
-# Until these names are in horo.tensorflow, tests/data/horovod_names.json lists them as pending (and
-# tests/test_horovod_names.py fails once they exist but are still listed): then these tests run.
-_PENDING = json.loads((Path(__file__).resolve().parents[1] / "data" / "horovod_names.json").read_text())["pending"]
-_NAMES = ("grouped_allgather", "grouped_reducescatter")
-pytestmark = [pytest.mark.mpi, pytest.mark.skipif(any(f"horovod.tensorflow.{n}" in _PENDING for n in _NAMES),
-                                                  reason="pending in horovod_names.json")]
+pytestmark = [pytest.mark.mpi, unless_pending("grouped_allgather", "grouped_reducescatter")]
 
 
 @pytest.fixture

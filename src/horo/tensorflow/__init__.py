@@ -30,7 +30,6 @@ from .collectives import (
 )
 from .data import shard_dataset, steps_per_epoch
 from .gradient_tape import DistributedGradientTape
-from .partial_tape import PartialDistributedGradientTape
 from .tensors import import_tf
 
 __all__ = [
@@ -39,6 +38,5 @@ __all__ = [
     "broadcast_object", "allgather_object", "barrier", "join", "broadcast_variables",
     "DistributedGradientTape", "shard_dataset", "steps_per_epoch", "elastic",
 ]
-__all__ += ["PartialDistributedGradientTape"]
 
 import_tf()  # fail at import, naming the packages to install, rather than at the first collective

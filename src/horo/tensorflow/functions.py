@@ -1,10 +1,12 @@
-"""Horovod's ``horovod.tensorflow.functions``: ``broadcast_variables``, ``broadcast_object`` and
-``allgather_object``, the same objects as ``horo.tensorflow``'s (Horovod's TF1 ``session=`` argument is not
-taken: TensorFlow 2 runs eagerly)."""
+"""Horovod's ``horovod.tensorflow.functions``: ``broadcast_variables``, ``broadcast_object``,
+``allgather_object`` (and ``broadcast_object_fn`` where the facade has it), each the very object
+``horo.tensorflow`` exports."""
 
 from __future__ import annotations
 
-from ..core import allgather_object, broadcast_object
-from .collectives import broadcast_variables
+from .. import tensorflow as _facade
 
-__all__ = ["broadcast_variables", "broadcast_object", "allgather_object"]
+_NAMES = ("broadcast_variables", "broadcast_object", "allgather_object", "broadcast_object_fn")
+globals().update({name: getattr(_facade, name) for name in _NAMES if hasattr(_facade, name)})
+
+__all__ = [name for name in _NAMES if name in globals()]

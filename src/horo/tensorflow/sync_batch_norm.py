@@ -1,6 +1,16 @@
-"""Horovod's ``horovod.tensorflow.sync_batch_norm`` path, for ``SyncBatchNormalization`` (batch normalisation
-over the batches of all ranks together), which horo.tensorflow does not have yet; see docs/migrating.md."""
+"""Horovod's ``horovod.tensorflow.sync_batch_norm``: ``SyncBatchNormalization``, ``horo.tensorflow``'s (loaded on
+first use: it imports Keras)."""
 
 from __future__ import annotations
 
-__all__: list[str] = []
+from typing import Any
+
+__all__ = ["SyncBatchNormalization"]  # noqa: F822 - module __getattr__
+
+
+def __getattr__(name: str) -> Any:
+    if name == "SyncBatchNormalization":
+        from .. import tensorflow as facade
+
+        return facade.SyncBatchNormalization  # AttributeError where the facade lacks it
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
