@@ -10,7 +10,7 @@ __all__ = ["SyncBatchNormalization"]  # noqa: F822 - module __getattr__
 
 def __getattr__(name: str) -> Any:
     if name == "SyncBatchNormalization":
-        from .. import tensorflow as facade
+        from .. import tensorflow as facade  # lazy: the facade imports Keras for this name on first use
 
         return facade.SyncBatchNormalization  # AttributeError where the facade lacks it
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
