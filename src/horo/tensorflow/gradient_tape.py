@@ -8,7 +8,7 @@ from ..core.api.compression import Compression
 from ..core.api.process_sets import global_process_set
 from ..core.base.ops import Average
 from ..plugins.grad_settings import Settings, make_settings
-from .collectives import reduce_gradients
+from .grad_exchange import reduce_gradients
 from .tensors import import_tf
 
 __all__ = ["DistributedGradientTape"]
