@@ -16,7 +16,7 @@ import time
 import numpy as np
 import pytest
 from keras_util import agree
-from tf_util import graph_session
+from tf_util import graph_mismatch_error, graph_session
 
 N_OPS = 24
 KINDS = ["sum", "max", "min", "avg", "prod", "allgather", "broadcast", "alltoall", "reducescatter", "grouped",
@@ -130,6 +130,7 @@ def _compare(got, expect):
     for i, (g, e) in enumerate(zip(got, expect)):
         kind, dtype, _ = _spec(i)
         rtol = {"bfloat16": 8e-3, "float16": 1e-3}.get(dtype, 1e-6)  # a third rounded to 8 or 11 bits
+        assert np.shape(g) == e.shape, f"collective {i}: {kind} of {dtype} gave shape {np.shape(g)}"
         np.testing.assert_allclose(np.asarray(g, dtype=np.float64), e, rtol=rtol,
                                    err_msg=f"collective {i}: {kind} of {dtype}")
 
@@ -143,6 +144,8 @@ def test_independent_collectives_in_one_graph_run_in_any_order(hvd, world, rank,
 
     if wait == "python":
         monkeypatch.setattr(kernel, "_waiter", kernel.DatasetWait())
+    elif kernel.compiler() is None:
+        pytest.skip("no C++ compiler to build horo's TensorFlow kernel (the tf.data wait is used instead)")
     waiter = kernel.waiter()
     assert waiter.kind == wait
     rng = np.random.default_rng(1000 + rank)
@@ -195,7 +198,7 @@ def test_a_mismatch_in_a_graph_fails_on_every_rank_and_the_next_graph_runs(hvd, 
                 outs.append(htf.allgather(tf.ones([2], tf.int32 if last else tf.float32)))
             else:
                 outs.append(htf.allreduce(tf.ones([2]), op=htf.Max if last else htf.Min))
-            with pytest.raises(tf.errors.FailedPreconditionError, match="MismatchError"):
+            with pytest.raises(graph_mismatch_error(), match="MismatchError"):
                 sess.run(outs)
         with graph_session(1) as sess:
             got = sess.run([htf.allreduce(tf.fill([k + 1], float(k)), op=htf.Sum) for k in range(20)])

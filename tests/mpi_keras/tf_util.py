@@ -42,3 +42,14 @@ def in_both_modes(check: Callable[[Modes], Any]) -> None:
     with graph_session() as sess:
         check(Modes(sess))
     check(Modes())
+
+
+def graph_mismatch_error() -> type:
+    """The class a mismatch inside a graph raises: ``FailedPreconditionError`` with horo's compiled wait; the
+    pure-Python wait (no C++ compiler, or ``HORO_TF_KERNEL=python``) gets TensorFlow's mapping of a Python
+    exception, ``UnknownError`` (docs/keras.md, "TensorFlow errors")."""
+    import tensorflow as tf
+
+    from horo.tensorflow import kernel
+
+    return tf.errors.FailedPreconditionError if kernel.waiter().kind == "compiled" else tf.errors.UnknownError

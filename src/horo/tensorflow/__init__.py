@@ -44,7 +44,7 @@ from .errors import (
     TensorFlowNotInitializedError,
     TensorFlowStallError,
 )
-from .gradient_tape import DistributedGradientTape
+from .gradient_tape import DistributedGradientTape, PartialDistributedGradientTape
 from .optimizer import DistributedOptimizer
 from .runtime_ops import (
     broadcast_global_variables,
@@ -62,7 +62,8 @@ __all__ = [
     "Compression", "allreduce", "grouped_allreduce", "allgather", "grouped_allgather", "broadcast", "broadcast_",
     "alltoall", "reducescatter", "grouped_reducescatter", "broadcast_object", "allgather_object", "barrier",
     "join", "broadcast_variables", "broadcast_global_variables", "rank_op", "local_rank_op", "size_op",
-    "local_size_op", "process_set_included_op", "DistributedGradientTape", "DistributedOptimizer",
+    "local_size_op", "process_set_included_op", "DistributedGradientTape", "PartialDistributedGradientTape",
+    "DistributedOptimizer",
     "SyncBatchNormalization", "shard_dataset", "steps_per_epoch", "elastic",  # noqa: F405 - module __getattr__
     "TensorFlowMismatchError", "TensorFlowArgumentError", "TensorFlowNotImplementedError",
     "TensorFlowNotInitializedError", "TensorFlowStallError", "TensorFlowInternalError",

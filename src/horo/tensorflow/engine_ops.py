@@ -126,7 +126,7 @@ def _deliver_when_done(wait: CompiledWait | DatasetWait, ticket: int, handles: l
             wait.deliver(ticket, None, state["error"])
             return
         try:
-            arrays = [np.ascontiguousarray(a, dtype=d) for a, d in zip(unpack(results), dtypes)]
+            arrays = [np.asarray(a, dtype=d, order="C") for a, d in zip(unpack(results), dtypes)]
         except Exception as exc:  # the wait op must finish whatever happens here
             wait.deliver(ticket, None, exc)
             return

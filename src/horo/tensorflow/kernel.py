@@ -37,7 +37,7 @@ import numpy as np
 from . import errors
 from .tensors import import_tf
 
-__all__ = ["CompiledWait", "DatasetWait", "build", "cache_dir", "waiter"]
+__all__ = ["CompiledWait", "DatasetWait", "build", "cache_dir", "compiler", "waiter"]
 
 log = logging.getLogger("horo.tensorflow")
 SOURCE = Path(__file__).with_name("wait_kernel.cc")
@@ -53,6 +53,11 @@ def cache_dir() -> Path:
     return Path(base) / "horo"
 
 
+def compiler() -> str | None:
+    """The C++ compiler ``build`` uses: ``$CXX``, else ``c++`` or ``g++`` on the PATH; None when there is none."""
+    return os.environ.get("CXX") or shutil.which("c++") or shutil.which("g++")
+
+
 def build() -> Path:
     """Build ``wait_kernel.cc`` for this TensorFlow (once: later calls find it in the cache); its path.
 
@@ -60,7 +65,7 @@ def build() -> Path:
     Raises RuntimeError naming the compiler's complaint when it cannot be built.
     """
     tf = import_tf()
-    cxx = os.environ.get("CXX") or shutil.which("c++") or shutil.which("g++")
+    cxx = compiler()
     if not cxx:
         raise RuntimeError("no C++ compiler found (looked for $CXX, c++ and g++). HINT: install one "
                            "(apt-get install g++), or set HORO_TF_KERNEL=python to wait through tf.data.")
@@ -116,7 +121,7 @@ class CompiledWait:
             self._deliver(ticket, errors.status_code(error), errors.message(error).encode("utf-8", "replace"),
                           0, None, None, None, None)
             return
-        arrs = [np.ascontiguousarray(a) for a in arrays or ()]
+        arrs = [np.asarray(a, order="C") for a in arrays or ()]  # keeps 0-d (ascontiguousarray would not)
         n = len(arrs)
         data = (ctypes.c_void_p * max(n, 1))(*[a.ctypes.data for a in arrs])
         nbytes = (ctypes.c_int64 * max(n, 1))(*[a.nbytes for a in arrs])
