@@ -11,6 +11,8 @@ fail on every rank, and the next graph must run) are covered too.
 
 from __future__ import annotations
 
+import logging
+import os
 import time
 
 import numpy as np
@@ -144,7 +146,7 @@ def test_independent_collectives_in_one_graph_run_in_any_order(hvd, world, rank,
 
     if wait == "python":
         monkeypatch.setattr(kernel, "_waiter", kernel.DatasetWait())
-    elif kernel.compiler() is None:
+    elif kernel.compiler() is None or os.environ.get("HORO_TF_KERNEL") == "python":
         pytest.skip("no C++ compiler to build horo's TensorFlow kernel (the tf.data wait is used instead)")
     waiter = kernel.waiter()
     assert waiter.kind == wait
@@ -203,3 +205,22 @@ def test_a_mismatch_in_a_graph_fails_on_every_rank_and_the_next_graph_runs(hvd, 
         with graph_session(1) as sess:
             got = sess.run([htf.allreduce(tf.fill([k + 1], float(k)), op=htf.Sum) for k in range(20)])
         agree(lambda got=got: [np.testing.assert_allclose(g, np.full(k + 1, k * world)) for k, g in enumerate(got)])
+
+
+def test_without_a_compiler_the_wait_falls_back_to_tf_data_with_one_warning(hvd, tf_backend, tmp_path,
+                                                                           monkeypatch, caplog):
+    from horo.tensorflow import kernel
+
+    monkeypatch.setenv("HORO_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("CXX", "false")  # a "compiler" that always fails
+    monkeypatch.delenv("HORO_TF_KERNEL", raising=False)
+    with caplog.at_level(logging.WARNING, logger="horo.tensorflow"):
+        assert kernel._choose().kind == "python"
+    assert [r.message for r in caplog.records if "wait through tf.data" in r.message], caplog.text
+    monkeypatch.setenv("HORO_TF_KERNEL", "compiled")
+    with pytest.raises(RuntimeError, match="building horo's TensorFlow kernel failed"):
+        kernel._choose()
+    monkeypatch.setenv("HORO_TF_KERNEL", "fast")
+    with pytest.raises(ValueError, match="Received: HORO_TF_KERNEL='fast'"):
+        kernel._choose()
+    assert not list(tmp_path.rglob("*.so"))

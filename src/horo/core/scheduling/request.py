@@ -21,7 +21,8 @@ from ..base.timeline import timeline
 from ..transport.prepared import Allreduce, Prepared
 from .negotiation import Signature
 
-__all__ = ["AUTO", "Request", "auto_name", "get", "on_done", "poll", "submit", "synchronize"]
+__all__ = ["AUTO", "Request", "auto_name", "get", "on_done", "poll", "reset_auto_names", "submit",
+           "synchronize"]
 
 AUTO = ".noname."  # in the names of unnamed ops, which are never cached
 
@@ -103,6 +104,13 @@ def auto_name(kind: str) -> str:
     with _handles_lock:
         counter = _auto_ids.setdefault(kind, itertools.count())
         return f"{kind}{AUTO}{next(counter)}"
+
+
+def reset_auto_names() -> None:
+    """Number unnamed ops afresh. Every rank calls it at the same point (the end of ``join``): ranks that
+    joined early submitted fewer unnamed ops, and their counters would otherwise name the next ones apart."""
+    with _handles_lock:
+        _auto_ids.clear()
 
 
 def submit(engine: Any, req: Request) -> int:
