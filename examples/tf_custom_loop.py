@@ -94,7 +94,7 @@ shard = slice(hvd.rank(), None, hvd.size())
 accuracy, worst, per_rank = evaluate(tf.constant(x_val[shard]), tf.constant(y_val[shard]))
 if hvd.rank() == 0:
     print(f"validation accuracy over all ranks: {float(accuracy):.3f}; worst loss {float(worst):.3f}; "
-          f"mean loss per rank {np.round(per_rank.numpy(), 3).tolist()}")
+          f"mean loss per rank {[round(float(v), 3) for v in per_rank.numpy()]}")
 
 # Every rank ends with the same weights.
 digest = hvd.allgather(tf.reshape(tf.reduce_sum([tf.reduce_sum(v) for v in model.trainable_variables]), [1]))

@@ -159,7 +159,7 @@ def test_tensorflow_collectives_eager_and_in_tf_function(hvd, world, rank, tf_ba
             "grouped": htf.grouped_allreduce([t, tf.cast(t, tf.int32)], op=htf.Sum),
             "gather": htf.allgather(tf.fill([rank + 1, 2], float(rank))),
             "bcast": htf.broadcast(t, root_rank=world - 1),
-            "a2a": htf.alltoall(tf.fill([world, 2], float(rank)))[0],
+            "a2a": htf.alltoall(tf.fill([world, 2], float(rank))),  # without splits: the tensor only
             "rs": htf.reducescatter(tf.ones((world * 2, 2)), op=htf.Sum),
         }
 
