@@ -294,6 +294,22 @@ def test_join_contributes_zeros_to_the_others_allreduces(hvd, world, rank, tf_ba
         htf.broadcast_global_variables(0)
 
 
+def test_broadcast_global_variables_hook_and_broadcast_object_fn(hvd, world, rank, tf_backend):
+    import tensorflow as tf
+
+    import horo.tensorflow as htf
+
+    root = world - 1
+    with tf.Graph().as_default():
+        v = tf.compat.v1.Variable(tf.fill([3], float(rank)))
+        w = tf.compat.v1.Variable(tf.fill([2], rank), use_resource=False)
+        with tf.compat.v1.train.MonitoredSession(hooks=[htf.BroadcastGlobalVariablesHook(root)]) as sess:
+            got = sess.run([v, w])
+    agree(lambda: [np.testing.assert_array_equal(got[0], np.full(3, float(root))),
+                   np.testing.assert_array_equal(got[1], np.full(2, root))])
+    assert htf.broadcast_object_fn(root_rank=root, name="hook.obj")({"rank": rank}) == {"rank": root}
+
+
 def _grad(m, fn, x, dy):
     """d(fn(x)) . dy with respect to x: ``tf.gradients`` in a graph, a ``GradientTape`` eagerly."""
     import tensorflow as tf

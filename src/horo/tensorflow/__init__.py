@@ -47,7 +47,9 @@ from .errors import (
 from .gradient_tape import DistributedGradientTape, PartialDistributedGradientTape
 from .optimizer import DistributedOptimizer
 from .runtime_ops import (
+    BroadcastGlobalVariablesHook,
     broadcast_global_variables,
+    broadcast_object_fn,
     join,
     local_rank_op,
     local_size_op,
@@ -61,7 +63,8 @@ __all__ = [
     *_shared,
     "Compression", "allreduce", "grouped_allreduce", "allgather", "grouped_allgather", "broadcast", "broadcast_",
     "alltoall", "reducescatter", "grouped_reducescatter", "broadcast_object", "allgather_object", "barrier",
-    "join", "broadcast_variables", "broadcast_global_variables", "rank_op", "local_rank_op", "size_op",
+    "join", "broadcast_variables", "broadcast_global_variables", "BroadcastGlobalVariablesHook",
+    "broadcast_object_fn", "rank_op", "local_rank_op", "size_op",
     "local_size_op", "process_set_included_op", "DistributedGradientTape", "PartialDistributedGradientTape",
     "DistributedOptimizer",
     "SyncBatchNormalization", "shard_dataset", "steps_per_epoch", "elastic",  # noqa: F405 - module __getattr__

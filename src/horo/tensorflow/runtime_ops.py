@@ -12,14 +12,15 @@ from typing import Any
 import numpy as np
 
 from .. import core
+from ..core import broadcast_object
 from ..core.api.process_sets import ProcessSet, global_process_set
 from ..core.base.state import state as _state
 from .collectives import broadcast_
 from .errors import tf_errors, tf_op
 from .tensors import import_tf
 
-__all__ = ["broadcast_global_variables", "join", "local_rank_op", "local_size_op", "process_set_included_op",
-           "rank_op", "size_op"]
+__all__ = ["BroadcastGlobalVariablesHook", "broadcast_global_variables", "broadcast_object_fn", "join",
+           "local_rank_op", "local_size_op", "process_set_included_op", "rank_op", "size_op"]
 
 #: process_set_included_op's error codes (Horovod's values).
 PROCESS_SET_ERROR_INIT = -1
@@ -109,3 +110,40 @@ def broadcast_global_variables(root_rank: int, process_set: ProcessSet = global_
 def _group(values: Sequence[Any]) -> Any:
     tf = import_tf()
     return tf.group(*values) if values else tf.no_op()
+
+
+def broadcast_object_fn(root_rank: int = 0, session: Any = None, name: str | None = None,
+                        process_set: ProcessSet = global_process_set) -> Callable[[Any], Any]:
+    """A function that returns ``root_rank``'s picklable object on every rank (Horovod's).
+
+    ``session`` is accepted for Horovod compatibility: the object travels outside any graph, so no session
+    is needed.
+    """
+    def bcast(obj: Any) -> Any:
+        return broadcast_object(obj, root_rank, name=name, process_set=process_set)
+
+    return bcast
+
+
+def _session_run_hook() -> type:
+    return import_tf().compat.v1.train.SessionRunHook
+
+
+class BroadcastGlobalVariablesHook(_session_run_hook()):  # type: ignore[misc]
+    """A ``tf.compat.v1.train.SessionRunHook`` that assigns ``root_rank``'s values to every global variable
+    once the session exists (Horovod's, for ``MonitoredTrainingSession`` and estimators)."""
+
+    def __init__(self, root_rank: int, device: str = "", process_set: ProcessSet = global_process_set) -> None:
+        super().__init__()
+        self.root_rank = root_rank
+        self.device = device
+        self.process_set = process_set
+        self.bcast_op: Any = None
+
+    def begin(self) -> None:
+        tf = import_tf()
+        if self.bcast_op is None or self.bcast_op.graph != tf.compat.v1.get_default_graph():
+            self.bcast_op = broadcast_global_variables(self.root_rank, process_set=self.process_set)
+
+    def after_create_session(self, session: Any, coord: Any) -> None:
+        session.run(self.bcast_op)
