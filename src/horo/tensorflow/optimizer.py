@@ -1,12 +1,12 @@
-"""``horo.tensorflow.DistributedOptimizer``: Horovod's, for ``tf.compat.v1`` optimizers and Keras 3 ones.
+"""``horo.tensorflow.DistributedOptimizer``: Horovod's, for ``tf.compat.v1`` optimizers.
 
-A Keras optimizer gets ``horo.tensorflow.keras.DistributedOptimizer`` (the Keras facade's), as in Horovod. A
-``tf.compat.v1.train.Optimizer`` is wrapped here: ``compute_gradients`` reduces the gradients across the ranks
-(one grouped allreduce through the engine; ``tf.IndexedSlices`` allgathered, or densified with
-``sparse_as_dense``), ``apply_gradients`` applies them. With ``backward_passes_per_step=N`` (graph mode, as in
-Horovod) gradients are summed locally in variables and exchanged on every N-th pass, divided by N with
-``average_aggregated_gradients``; ``apply_gradients`` updates the variables on those passes only and moves
-``global_step`` on every pass.
+A Keras optimizer is wrapped by ``horo.tensorflow.keras.DistributedOptimizer`` (the Keras facade's, which
+builds on this facade, so this one does not import it). A ``tf.compat.v1.train.Optimizer`` is wrapped here:
+``compute_gradients`` reduces the gradients across the ranks (one grouped allreduce through the engine;
+``tf.IndexedSlices`` allgathered, or densified with ``sparse_as_dense``), ``apply_gradients`` applies them.
+With ``backward_passes_per_step=N`` (graph mode, as in Horovod) gradients are summed locally in variables
+and exchanged on every N-th pass, divided by N with ``average_aggregated_gradients``; ``apply_gradients``
+updates the variables on those passes only and moves ``global_step`` on every pass.
 """
 
 from __future__ import annotations
@@ -33,7 +33,8 @@ def DistributedOptimizer(optimizer: Any, name: str | None = None, use_locking: b
     """Wrap ``optimizer`` so that gradients are reduced across the ranks (Horovod's arguments).
 
     Args:
-        optimizer: a ``tf.compat.v1.train.Optimizer`` or a Keras 3 optimizer.
+        optimizer: a ``tf.compat.v1.train.Optimizer`` (a Keras optimizer raises TypeError naming the Keras
+            facade's ``DistributedOptimizer``).
         name: the wrapper's name (default ``Distributed<class name>``).
         use_locking: passed to ``tf.compat.v1.train.Optimizer``.
         compression: ``Compression.none``, ``.fp16`` or ``.bf16`` for the exchange.
@@ -54,17 +55,10 @@ def DistributedOptimizer(optimizer: Any, name: str | None = None, use_locking: b
                          "average_aggregated_gradients=True. HINT: drop one of them.")
     if isinstance(optimizer, tf.compat.v1.train.Optimizer):
         return _DistributedV1Optimizer(optimizer, name, use_locking, settings)
-    if not hasattr(optimizer, "apply_gradients"):
-        raise TypeError(f"DistributedOptimizer wraps a tf.compat.v1.train.Optimizer or a Keras optimizer. "
-                        f"Received: optimizer={optimizer!r}. HINT: pass e.g. keras.optimizers.SGD(0.1).")
-    from . import keras as hvd_keras  # lazy: imports Keras (horo.tensorflow.keras is horo.keras)
-
-    return hvd_keras.DistributedOptimizer(
-        optimizer, name=name, device_dense=device_dense, device_sparse=device_sparse, compression=compression,
-        sparse_as_dense=sparse_as_dense, gradient_predivide_factor=gradient_predivide_factor, op=op,
-        backward_passes_per_step=backward_passes_per_step,
-        average_aggregated_gradients=average_aggregated_gradients, num_groups=num_groups, groups=groups,
-        process_set=process_set, scale_local_gradients=scale_local_gradients)
+    raise TypeError(f"horo.tensorflow.DistributedOptimizer wraps a tf.compat.v1.train.Optimizer. Received: "
+                    f"optimizer={optimizer!r}. HINT: a Keras optimizer is wrapped by the Keras facade: "
+                    "import horo.tensorflow.keras as hvd_keras (or horo.keras); "
+                    "hvd_keras.DistributedOptimizer(optimizer).")
 
 
 def _v1_base() -> type:
