@@ -109,6 +109,10 @@ def _step_time(keras: Any, hvd: Any, make_opt: Any, data: Any, args: argparse.Na
     """Mean step time of ``args.steps`` fit steps after ``args.warmup`` untimed ones (rank 0's clock)."""
     import numpy as np
 
+    if keras.backend.backend() == "torch":  # only the "horo buckets" variant turns it on again
+        from horo.keras.backend import torch as keras_torch
+
+        keras_torch.BUCKETS_ON_HOST = False
     stamps: list[float] = []
     clock = keras.callbacks.LambdaCallback(on_train_batch_end=lambda b, logs: stamps.append(time.perf_counter()))
     model = _model(keras)
@@ -194,6 +198,8 @@ def _worker(args: argparse.Namespace) -> int:
                     "horo fp16": lambda: hvd.DistributedOptimizer(sgd(), compression=hvd.Compression.fp16),
                     "bare mpi4py": lambda: _bare_mpi_sgd(keras, args.backend),
                     "plain": sgd}  # ranks train independently: what sharing the machine alone costs
+        if args.backend == "torch":  # the gradient buckets CUDA gradients take, on host gradients
+            variants["horo buckets"] = lambda: _host_buckets(hvd.DistributedOptimizer(sgd()))
     result: dict[str, Any] = {"size": hvd.size(), "params": _model(keras).count_params()}
     names = list(variants)
     samples: dict[str, list[float]] = {n: [] for n in names}
@@ -206,6 +212,9 @@ def _worker(args: argparse.Namespace) -> int:
             raw_rounds.append(_raw_allreduce(nbytes))
     for name in names:
         result[name] = statistics.median(samples[name])
+    if "horo buckets" in samples:
+        pairs = zip(samples["horo buckets"], samples["horo"])
+        result["buckets_over_fused"] = statistics.median(b / h for b, h in pairs)
     if "bare mpi4py" in samples:  # paired: the two fits of one round ran in one machine state
         result["bare_over_horo"] = [b / h for b, h in zip(samples["bare mpi4py"], samples["horo"])]
         result["horo_vs_bare_mpi"] = statistics.median(result["bare_over_horo"])
@@ -228,6 +237,9 @@ def _worker(args: argparse.Namespace) -> int:
             if "bare mpi4py" in result:
                 print(_verdict(result["horo_vs_bare_mpi"]))
                 print(_additive_verdict(result["additive_ratio"]))
+            if "buckets_over_fused" in result:
+                print("- gradient buckets / fused exchange (host gradients, paired step times) = "
+                      f"{result['buckets_over_fused']:.3f}")
             print(result["env"])
             if args.plot:
                 ms = {name: result[name] * 1e3 for name in names}
@@ -237,6 +249,14 @@ def _worker(args: argparse.Namespace) -> int:
                 print(f"plot written to {args.plot}")
     hvd.shutdown()
     return 0
+
+
+def _host_buckets(opt: Any) -> Any:
+    """``opt`` exchanging host gradients in horo.torch's gradient buckets (as CUDA gradients do)."""
+    from horo.keras.backend import torch as keras_torch
+
+    keras_torch.BUCKETS_ON_HOST = True
+    return opt
 
 
 def _bare_mpi_sgd(keras: Any, backend: str) -> Any:
