@@ -12,7 +12,11 @@ from pathlib import Path
 
 SRC = Path(__file__).resolve().parent.parent / "src" / "horo"
 # init(comm=[ranks]): MPI_Comm_create_group is collective over the listed ranks only, which Split is not.
-ALLOWED = {("core/api/runtime.py", "base = MPI.COMM_WORLD.Create_group(group)")}
+# add_process_set_of_members (torch.distributed.new_group): the same, over the set's members.
+ALLOWED = {
+    ("core/api/runtime.py", "base = MPI.COMM_WORLD.Create_group(group)"),
+    ("core/api/process_sets.py", "comm = st.world.Create_group(group, sum(ps.ranks) % 32768)"),
+}
 CALL = re.compile(r"\.(Dup|Idup|Create|Create_group)\(")
 
 
