@@ -342,3 +342,28 @@ def test_torch_gradient_buckets_match_the_big_batch_on_host(hvd, world, rank, ba
 
     agree(check)
     assert_same_on_all_ranks(got)
+
+
+def test_torch_buckets_on_one_rank_and_fused_on_another_raise_everywhere(hvd, multi, rank, backend, monkeypatch):
+    # A gradient missing on one rank sends that rank down the fused exchange while the others take the buckets:
+    # the first collectives differ, which must raise on every rank instead of waiting.
+    if backend != "torch":
+        pytest.skip("the torch backend's gradient buckets")
+    import keras
+    import torch
+
+    from horo.keras.backend import torch as keras_torch
+
+    monkeypatch.setattr(keras_torch, "BUCKETS_ON_HOST", True)
+    model = mlp(seed=2)
+    opt = hvd.DistributedOptimizer(keras.optimizers.SGD(0.1))
+    variables = model.trainable_variables
+    opt.build(variables)
+    for v in variables:
+        v.value.grad = torch.ones_like(v.value)
+    grads = [v.value.grad for v in variables]
+    if rank == 0:
+        grads[-1] = None
+    with pytest.raises(Exception, match="ranks disagree on collective") as info:
+        opt.apply(grads, variables)
+    assert "HINT:" in str(info.value), str(info.value)
