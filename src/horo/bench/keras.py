@@ -110,7 +110,7 @@ def _step_time(keras: Any, hvd: Any, make_opt: Any, data: Any, args: argparse.Na
     import numpy as np
 
     if keras.backend.backend() == "torch":  # only the "horo buckets" variant turns it on again
-        from horo.keras.backend import torch as keras_torch
+        from horo.keras.backend import torch as keras_torch  # lazy: imports torch
 
         keras_torch.BUCKETS_ON_HOST = False
     stamps: list[float] = []
@@ -253,7 +253,7 @@ def _worker(args: argparse.Namespace) -> int:
 
 def _host_buckets(opt: Any) -> Any:
     """``opt`` exchanging host gradients in horo.torch's gradient buckets (as CUDA gradients do)."""
-    from horo.keras.backend import torch as keras_torch
+    from horo.keras.backend import torch as keras_torch  # lazy: imports torch
 
     keras_torch.BUCKETS_ON_HOST = True
     return opt
