@@ -17,8 +17,9 @@ import sys
 from collections.abc import Mapping, MutableMapping
 from typing import Any
 
-__all__ = ["ALIASED", "ALIAS_PREFIX", "Config", "apply_aliases", "config", "horo_name", "launcher_rank0",
-           "read_env", "resolve_aliases", "share"]
+__all__ = ["ALIASED", "ALIAS_PREFIX", "MPI_LAUNCHER_VARS", "SLURM_INTERACTIVE_NAMES", "Config", "apply_aliases",
+           "check_srun_world", "config", "horo_name", "launcher_rank0", "read_env", "resolve_aliases", "share",
+           "srun_task"]
 
 ALIAS_PREFIX = "HOROVOD_"
 #: Horovod variable families (suffixes, or suffix prefixes ending in ``_``) that horo reads under its own
@@ -54,6 +55,57 @@ def launcher_rank0(environ: Mapping[str, str] | None = None) -> bool:
         if var in environ:
             return environ[var] == "0"
     return True
+
+
+# ---------------------------------------------------------------------------------------- SLURM's srun
+#: Variables every rank of an MPI launcher has (Open MPI, hydra, PMIx, MVAPICH). SLURM's are not among them: a
+#: batch script has SLURM_PROCID too, and Open MPI's ranks on a node whose daemon srun started inherit that
+#: step's SLURM variables.
+MPI_LAUNCHER_VARS = ("OMPI_COMM_WORLD_SIZE", "PMI_RANK", "PMI_SIZE", "PMIX_RANK", "MV2_COMM_WORLD_SIZE",
+                     "MPI_LOCALRANKID")
+#: Lightning's SLURMEnvironment convention, kept here: in a job named ``bash`` or ``interactive`` the user
+#: starts the processes himself, so SLURM's task variables do not describe them.
+SLURM_INTERACTIVE_NAMES = ("bash", "interactive")
+
+
+def srun_task(environ: Mapping[str, str] | None = None) -> tuple[int, int] | None:
+    """``(task, tasks)`` when ``srun`` started this process as a task of a step (not under an MPI launcher).
+
+    None in a batch script (no step), under mpiexec/hororun and in an interactive job (see
+    :data:`SLURM_INTERACTIVE_NAMES`).
+    """
+    environ = os.environ if environ is None else environ
+    if any(var in environ for var in MPI_LAUNCHER_VARS):
+        return None
+    if environ.get("SLURM_JOB_NAME") in SLURM_INTERACTIVE_NAMES or "SLURM_STEP_ID" not in environ:
+        return None
+    task = environ.get("SLURM_PROCID", "")
+    tasks = environ.get("SLURM_STEP_NUM_TASKS") or environ.get("SLURM_NTASKS", "")
+    if not (task.isdigit() and tasks.isdigit()):
+        return None
+    return int(task), int(tasks)
+
+
+def check_srun_world(size: int, environ: Mapping[str, str] | None = None) -> None:
+    """Raise where srun started this process as one of N tasks but MPI made a world of ``size`` != N.
+
+    That is what plain ``srun`` does to an MPI that needs a PMI server it did not start (Open MPI 5 needs
+    PMIx): every task is a singleton, and would train alone on the whole data set. Every task raises, before
+    any communication.
+
+    Raises:
+        RuntimeError: the world does not match the step; the message says what to run instead.
+    """
+    found = srun_task(environ)
+    if found is None or found[1] == size:
+        return
+    task, tasks = found
+    raise RuntimeError(
+        f"horo.init(): this process is task {task} of an srun step of {tasks} tasks, but MPI started it in a "
+        f"world of {size}: srun started the tasks without a PMI server this MPI can use, so each would train "
+        f"alone. HINT: srun --mpi=pmix -n {tasks} ... (Open MPI 5 needs PMIx; `srun --mpi=list` shows what "
+        f"the site has), or inside the allocation (sbatch/salloc): hororun -np {tasks} python train.py."
+    )
 
 
 def resolve_aliases(environ: Mapping[str, str] | None = None) -> dict[str, str]:

@@ -43,6 +43,9 @@ def init(comm: Any = None, process_sets: Sequence[ProcessSet] | None = None) -> 
 
     if comm is None:
         base = MPI.COMM_WORLD
+        from .config import check_srun_world
+
+        check_srun_world(base.Get_size())  # srun without PMIx: a world of singletons (docs/cluster.md)
         parent = MPI.Comm.Get_parent()
         if parent != MPI.COMM_NULL:
             # Spawned by an elastic world that grows (horo.elastic): join it; its ranks come first.

@@ -79,10 +79,12 @@ def _first_rank_exit(folder: str, rc: int) -> int:
 
 
 # Not forwarded to other hosts: what belongs to the host or the shell, the launcher's own variables (mpiexec
-# sets them per host), and anything that looks like a credential (Horovod forwards those too; we do not).
+# sets them per host; SLURM's say which node and task they run on, and srun gives each host its own), and
+# anything that looks like a credential (Horovod forwards those too; we do not).
 _NOT_EXPORTED = re.compile(
     r"^(BASH_FUNC_.*|OLDPWD|PWD|SHLVL|_|HOSTNAME|HOME|USER|LOGNAME|SHELL|TERM|DISPLAY|MAIL|TMPDIR|SSH_.*|"
-    r"XDG_.*|OMPI_.*|PRTE_.*|PMIX_.*|OPAL_.*|HYDRA_.*|HORORUN_.*|.*SECRET.*|.*TOKEN.*|.*PASSWORD.*|.*_KEY)$",
+    r"XDG_.*|OMPI_.*|PRTE_.*|PMIX_.*|OPAL_.*|HYDRA_.*|SLURM_.*|SLURMD_.*|HORORUN_.*|.*SECRET.*|.*TOKEN.*|"
+    r".*PASSWORD.*|.*_KEY)$",
     re.IGNORECASE,
 )
 

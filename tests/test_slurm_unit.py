@@ -1,0 +1,154 @@
+"""SLURM's variables as hororun reads them (no SLURM needed): host lists, tasks per node, the allocation,
+hororun's command line inside one, and the discovery helper's reading of sinfo. tests/slurm runs the real thing."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from horo.run.hosts import HostParseError, HostSpec
+from horo.run.slurm import allocation, expand_hostlist, parse_tasks_per_node
+from horo.run.slurm_discovery import up_hosts
+
+
+@pytest.mark.parametrize(("text", "hosts"), [
+    ("node1", ["node1"]),
+    ("node[1-3]", ["node1", "node2", "node3"]),
+    ("node[1-3,5],gpu01", ["node1", "node2", "node3", "node5", "gpu01"]),
+    ("a[08-11]", ["a08", "a09", "a10", "a11"]),  # zero padding as written
+    ("r[1-2]n[1-2]", ["r1n1", "r1n2", "r2n1", "r2n2"]),  # several bracket groups: every combination
+    ("login,c[7]", ["login", "c7"]),
+    ("x-1.site,y_2", ["x-1.site", "y_2"]),
+])
+def test_expand_hostlist(text, hosts):
+    assert expand_hostlist(text) == hosts
+
+
+@pytest.mark.parametrize("text", ["node[1-3", "node1-3]", "n[3-1]", "n[a-b]", "a,,b", ""])
+def test_expand_hostlist_rejects_bad_lists(text):
+    with pytest.raises(HostParseError, match=r"Received: nodelist=.*HINT"):
+        expand_hostlist(text)
+
+
+@pytest.mark.parametrize(("text", "nodes", "slots"), [
+    ("2(x3),1", 4, [2, 2, 2, 1]),
+    ("4", 1, [4]),
+    ("2,1", 2, [2, 1]),
+    ("4(x30)", 1, [4]),  # more counts than nodes: the extra ones are ignored, as Open MPI does
+])
+def test_parse_tasks_per_node(text, nodes, slots):
+    assert parse_tasks_per_node(text, nodes) == slots
+
+
+@pytest.mark.parametrize(("text", "nodes"), [("2(x2)", 3), ("2x", 1), ("", 1), ("2(x)", 1)])
+def test_parse_tasks_per_node_rejects(text, nodes):
+    with pytest.raises(HostParseError, match=r"Received: SLURM_TASKS_PER_NODE="):
+        parse_tasks_per_node(text, nodes)
+
+
+ALLOC = {"SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": "node[1-2]", "SLURM_TASKS_PER_NODE": "2,1"}
+
+
+def test_allocation_reads_the_job_nodes_and_tasks():
+    assert allocation(ALLOC) == [HostSpec("node1", 2), HostSpec("node2", 1)]
+    # SLURM_NODELIST when the job's own name is missing (older SLURM), as Open MPI reads it.
+    env = {"SLURM_JOBID": "7", "SLURM_NODELIST": "c[1-2]", "SLURM_TASKS_PER_NODE": "1(x2)"}
+    assert allocation(env) == [HostSpec("c1", 1), HostSpec("c2", 1)]
+    assert allocation({}) is None
+    assert allocation({k: v for k, v in ALLOC.items() if k != "SLURM_JOB_ID"}) is None
+
+
+def _fake(tmp_path: Path, version: str) -> str:
+    path = tmp_path / "fake-mpiexec"
+    path.write_text(f'#!/bin/sh\nif [ "$1" = --version ]; then echo "{version}"; exit 0; fi\n'
+                    'for a in "$@"; do echo "ARG $a"; done\n')
+    path.chmod(0o755)
+    return str(path)
+
+
+def _hororun(tmp_path: Path, version: str, *args: str, env_extra: dict | None = None) -> list[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("HORO_", "SLURM_"))}
+    env.update(env_extra or {})
+    out = subprocess.run([sys.executable, "-m", "horo.run", "--mpiexec", _fake(tmp_path, version), *args],
+                         capture_output=True, text=True, timeout=60, env=env, check=False)
+    assert out.returncode == 0, out.stderr
+    return [ln[4:] for ln in out.stdout.splitlines() if ln.startswith("ARG ")]
+
+
+OPEN_MPI = "mpirun (Open MPI) 5.0.11"
+HYDRA = "HYDRA build details:"
+
+
+@pytest.mark.timeout(60)
+def test_hororun_in_an_allocation_follows_its_slots(tmp_path):
+    env = {**ALLOC, "SLURMD_NODENAME": "node1", "SLURM_PROCID": "0"}
+    # Open MPI reads the allocation itself (ras/slurm): no host list; 3 ranks fit its 3 slots.
+    args = _hororun(tmp_path, OPEN_MPI, "-np", "3", "python", "t.py", env_extra=env)
+    assert "--oversubscribe" not in args and "-H" not in args
+    # SLURM's per-node variables are not forced onto the other node's ranks (srun gives each its own).
+    assert not [a for a in args if a.startswith(("SLURM", "SLURMD"))], args
+    assert "--oversubscribe" in _hororun(tmp_path, OPEN_MPI, "-np", "4", "python", "t.py", env_extra=env)
+    # Hydra is given the hosts.
+    args = _hororun(tmp_path, HYDRA, "-np", "3", "python", "t.py", env_extra=env)
+    assert args[args.index("-hosts") + 1] == "node1:2,node2:1"
+    # A host list of the user's wins over the allocation.
+    args = _hororun(tmp_path, OPEN_MPI, "-np", "2", "-H", "a:1,b:1", "python", "t.py", env_extra=env)
+    assert args[args.index("-H") + 1] == "a:1,b:1"
+
+
+@pytest.mark.timeout(60)
+def test_hororun_ssh_command_picks_the_ssh_launcher_by_name(tmp_path):
+    # Inside an allocation Open MPI would start its daemons with srun, whatever plm_ssh_agent says.
+    args = _hororun(tmp_path, OPEN_MPI, "-np", "3", "--ssh-command", "/bin/true", "python", "t.py",
+                    env_extra=ALLOC)
+    i = args.index("plm")
+    assert args[i - 1:i + 2] == ["--prtemca", "plm", "ssh"]
+    assert args[args.index("plm_ssh_agent") + 1] == "/bin/true"
+
+
+@pytest.mark.timeout(60)
+def test_hororun_reports_a_malformed_allocation(tmp_path):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
+    env.update({**ALLOC, "SLURM_JOB_NODELIST": "node[1-2"})
+    out = subprocess.run([sys.executable, "-m", "horo.run", "--mpiexec", _fake(tmp_path, OPEN_MPI), "-np", "2",
+                          "python", "t.py"], capture_output=True, text=True, timeout=60, env=env, check=False)
+    assert out.returncode == 2 and "nodelist='node[1-2'" in out.stderr and "HINT" in out.stderr, out.stderr
+
+
+def _sinfo(tmp_path: Path, lines: str, rc: int = 0) -> list[str]:
+    path = tmp_path / "sinfo"
+    path.write_text(f"#!/bin/sh\necho \"$@\" > {tmp_path}/sinfo.args\nprintf '{lines}'\nexit {rc}\n")
+    path.chmod(0o755)
+    return [str(path)]
+
+
+def test_discovery_lists_the_usable_nodes_of_the_allocation(tmp_path):
+    env = {"SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": "node[1-4]", "SLURM_TASKS_PER_NODE": "2(x3),1"}
+    sinfo = _sinfo(tmp_path, "node1 allocated\\nnode2 draining\\nnode3 mixed*\\nnode4 mixed\\nnode9 idle\\n")
+    assert up_hosts(env, sinfo) == [("node1", 2), ("node4", 1)]
+    assert "--nodes=node1,node2,node3,node4" in (tmp_path / "sinfo.args").read_text()
+    sinfo = _sinfo(tmp_path, "node1 drained\\nnode1 allocated\\nnode2 down\\nnode3 idle~\\nnode4 completing\\n")
+    assert up_hosts(env, sinfo) == [("node1", 2), ("node3", 2), ("node4", 1)]
+
+
+def test_discovery_errors_are_clear(tmp_path):
+    with pytest.raises(RuntimeError, match="not inside a SLURM allocation.*HINT"):
+        up_hosts({}, _sinfo(tmp_path, ""))
+    with pytest.raises(RuntimeError, match="sinfo exited with 1"):
+        up_hosts(ALLOC, _sinfo(tmp_path, "", rc=1))
+    with pytest.raises(RuntimeError, match="HINT: sinfo must be on PATH"):
+        up_hosts(ALLOC, [str(tmp_path / "no-such-sinfo")])
+
+
+def test_discovery_command_line(tmp_path):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
+    out = subprocess.run([sys.executable, "-m", "horo.run.slurm_discovery"], capture_output=True, text=True,
+                         timeout=60, env=env, check=False)
+    assert out.returncode == 1 and "not inside a SLURM allocation" in out.stderr
+    out = subprocess.run([sys.executable, "-m", "horo.run.slurm_discovery", "x"], capture_output=True, text=True,
+                         timeout=60, env=env, check=False)
+    assert out.returncode == 2 and "Received: ['x']" in out.stderr
