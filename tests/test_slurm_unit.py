@@ -152,3 +152,85 @@ def test_discovery_command_line(tmp_path):
     out = subprocess.run([sys.executable, "-m", "horo.run.slurm_discovery", "x"], capture_output=True, text=True,
                          timeout=60, env=env, check=False)
     assert out.returncode == 2 and "Received: ['x']" in out.stderr
+
+
+STEP = {"SLURM_JOB_ID": "7", "SLURM_STEP_ID": "0", "SLURM_PROCID": "2", "SLURM_STEP_NUM_TASKS": "4",
+        "SLURM_NTASKS": "4", "SLURM_JOB_NAME": "train"}
+
+
+@pytest.mark.parametrize(("env", "task"), [
+    (STEP, (2, 4)),
+    ({**STEP, "PMIX_RANK": "2"}, (2, 4)),  # srun --mpi=pmix: the PMIx rank is srun's task
+    ({k: v for k, v in STEP.items() if k != "SLURM_STEP_ID"}, None),  # a batch script is no srun task
+    ({**STEP, "SLURM_JOB_NAME": "interactive"}, None),  # Lightning's rule: the user starts the processes
+    ({**STEP, "SLURM_JOB_NAME": "bash"}, None),
+    ({**STEP, "OMPI_COMM_WORLD_SIZE": "4", "OMPI_COMM_WORLD_RANK": "3"}, None),  # hororun's rank on a daemon's step
+    ({**STEP, "PMI_RANK": "3", "PMI_SIZE": "4"}, None),  # another launcher's rank: not srun's task 2
+    ({}, None),
+])
+def test_srun_task(env, task):
+    from horo.core.config import srun_task
+
+    assert srun_task(env) == task
+
+
+def test_check_srun_world_refuses_singletons_and_names_what_to_run():
+    from horo.core.config import check_srun_world
+
+    check_srun_world(4, STEP)
+    check_srun_world(1, {})
+    with pytest.raises(RuntimeError, match=r"task 2 of an srun step of 4 tasks.*world of 1.*srun --mpi=pmix -n 4"
+                                           r".*hororun -np 4"):
+        check_srun_world(1, STEP)
+
+
+def test_started_by_mpi_counts_srun_steps_of_several_tasks(monkeypatch):
+    pytest.importorskip("pytorch_lightning")
+    from horo.strategies.launch import launcher_rank, started_by_mpi
+
+    for name in list(os.environ):
+        if name.startswith(("SLURM_", "PMI", "OMPI_", "MV2_", "MPI_LOCALRANKID", "HORO_SELF")):
+            monkeypatch.delenv(name)
+    assert not started_by_mpi() and launcher_rank() is None
+    for k, v in STEP.items():
+        monkeypatch.setenv(k, v)
+    assert started_by_mpi() and launcher_rank() == 2
+    monkeypatch.setenv("SLURM_STEP_NUM_TASKS", "1")  # srun --pty bash, then python train.py: may self-launch
+    assert not started_by_mpi()
+
+
+def test_self_launch_over_nodes_needs_an_allocation_that_fits(monkeypatch):
+    pytest.importorskip("pytorch_lightning")
+    from horo.strategies.launch import check_nodes
+
+    for name in list(os.environ):
+        if name.startswith("SLURM_"):
+            monkeypatch.delenv(name)
+    check_nodes(1, 4)
+    with pytest.raises(ValueError, match=r"num_nodes=2\) outside MPI.*no SLURM allocation.*HINT: .*sbatch/salloc -N 2"):
+        check_nodes(2, 2)
+    for k, v in ALLOC.items():  # node1:2, node2:1
+        monkeypatch.setenv(k, v)
+    check_nodes(2, 1)
+    with pytest.raises(ValueError, match=r"allocation \(node1:2,node2:1\) has no room for 2 nodes x 2 devices"):
+        check_nodes(2, 2)
+    with pytest.raises(ValueError, match=r"no room for 3 nodes"):
+        check_nodes(3, 1)
+
+
+@pytest.mark.timeout(120)
+def test_trainer_under_slurm_takes_horos_world_not_slurms():
+    """Lightning picks SLURMEnvironment wherever SLURM_NTASKS is set; Trainer(strategy="horo") must end up with
+    horo's view of the world (under hororun in an allocation SLURM_PROCID is the daemon's task, not the rank)."""
+    pytest.importorskip("pytorch_lightning")
+    code = ("import pytorch_lightning as pl, horo.lightning\n"
+            "from horo.strategies.environment import HoroEnvironment\n"
+            "t = pl.Trainer(strategy='horo', accelerator='cpu', devices=1, logger=False)\n"
+            "env = t.strategy.cluster_environment\n"
+            "print('ENV', type(env).__name__, env.world_size(), env.global_rank(), t.world_size, t.global_rank)\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "OMPI_", "PMI", "HORO_"))}
+    env.update({"SLURM_JOB_ID": "7", "SLURM_NTASKS": "2", "SLURM_NTASKS_PER_NODE": "2", "SLURM_PROCID": "1",
+                "SLURM_JOB_NAME": "train", "SLURM_NNODES": "1"})
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "ENV HoroEnvironment 1 0 1 0" in out.stdout, out.stdout + out.stderr[-3000:]

@@ -303,3 +303,41 @@ def test_down_stops_every_daemon_and_leaves_nothing():
     names = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
     assert f"{name}-" not in names and not Path(made.bed.state).exists()
     assert f"/{name}/" not in Path("/proc/self/mountinfo").read_text()
+
+
+def _examples(cluster, tmp_path: Path, launch: str, script: list[str]) -> tuple[int, str]:
+    """Run an example at 4 ranks on 2 nodes (2 tasks each): through srun --mpi=pmix, hororun in sbatch, or
+    (``self``) the script alone in sbatch, starting its ranks itself."""
+    alloc = ["-N", "2", "--ntasks-per-node=2"]
+    if launch == "srun-pmix":
+        if bed_slurm.pmix_reason():
+            pytest.skip(bed_slurm.pmix_reason())
+        return on_head(cluster, ["srun", "--mpi=pmix", *alloc, *script], timeout=400)
+    line = " ".join(script) if launch == "self" else f"{HORORUN} -np 4 {' '.join(script)}"
+    return sbatch(cluster, tmp_path, line, alloc, timeout=400)
+
+
+@pytest.mark.parametrize("launch", ["srun-pmix", pytest.param("sbatch-hororun", marks=pytest.mark.slow)])
+def test_keras_recipe_at_4_ranks_on_2_nodes(cluster, tmp_path, launch):
+    """examples/keras_fit.py (Horovod's 10-step Keras recipe) in one world of 4 ranks; ~40 s each here."""
+    rc, out = _examples(cluster, tmp_path, launch, [PY, str(REPO / "examples" / "keras_fit.py"), "--epochs", "2",
+                                                    "--samples", "2048"])
+    assert rc == 0, out[-6000:]
+    assert re.search(r"final val_accuracy \S+ on 4 rank\(s\); best checkpoint reloaded", out), out[-6000:]
+
+
+@pytest.mark.parametrize("launch", ["self", pytest.param("sbatch-hororun", marks=pytest.mark.slow),
+                                    pytest.param("srun-pmix", marks=pytest.mark.slow)])
+def test_lightning_example_at_4_ranks_on_2_nodes(cluster, tmp_path, launch):
+    """examples/lightning_fit.py: Trainer(strategy="horo") in one world of 4 ranks over node1 and node2, equal
+    weights everywhere. ``self``: the batch script runs the example alone with --devices 2 --num-nodes 2, and
+    HoroStrategy starts the 4 ranks on the allocation through hororun. ~40-50 s each here."""
+    script = [PY, str(REPO / "examples" / "lightning_fit.py"), "--epochs", "1", "--root-dir", str(tmp_path / "pl")]
+    if launch == "self":
+        script += ["--devices", "2", "--num-nodes", "2"]
+    rc, out = _examples(cluster, tmp_path, launch, script)
+    assert rc == 0, out[-6000:]
+    rows = re.findall(r"rank (\d)/4: weights checksum (\S+) on (\S+)", out)
+    assert sorted((int(r), h) for r, _, h in rows) == [(0, "node1"), (1, "node1"), (2, "node2"), (3, "node2")], \
+        out[-6000:]
+    assert len({c for _, c, _ in rows}) == 1 and "test_acc=" in out, out[-6000:]

@@ -17,7 +17,7 @@ import sys
 from collections.abc import Mapping, MutableMapping
 from typing import Any
 
-__all__ = ["ALIASED", "ALIAS_PREFIX", "MPI_LAUNCHER_VARS", "SLURM_INTERACTIVE_NAMES", "Config", "apply_aliases",
+__all__ = ["ALIASED", "ALIAS_PREFIX", "SLURM_INTERACTIVE_NAMES", "Config", "apply_aliases",
            "check_srun_world", "config", "horo_name", "launcher_rank0", "read_env", "resolve_aliases", "share",
            "srun_task"]
 
@@ -58,30 +58,35 @@ def launcher_rank0(environ: Mapping[str, str] | None = None) -> bool:
 
 
 # ---------------------------------------------------------------------------------------- SLURM's srun
-#: Variables every rank of an MPI launcher has (Open MPI, hydra, PMIx, MVAPICH). SLURM's are not among them: a
-#: batch script has SLURM_PROCID too, and Open MPI's ranks on a node whose daemon srun started inherit that
-#: step's SLURM variables.
-MPI_LAUNCHER_VARS = ("OMPI_COMM_WORLD_SIZE", "PMI_RANK", "PMI_SIZE", "PMIX_RANK", "MV2_COMM_WORLD_SIZE",
-                     "MPI_LOCALRANKID")
 #: Lightning's SLURMEnvironment convention, kept here: in a job named ``bash`` or ``interactive`` the user
 #: starts the processes himself, so SLURM's task variables do not describe them.
 SLURM_INTERACTIVE_NAMES = ("bash", "interactive")
+# An MPI launcher's rank and size variables. Under `srun --mpi=pmix` (or pmi2) they are srun's task and task
+# count; under mpiexec/hororun in an allocation they are not: the ranks there inherit the SLURM variables of the
+# srun step that started their Open MPI daemon (or of the batch script, on the first node).
+_MPI_RANK_VARS = ("OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK", "MV2_COMM_WORLD_RANK")
+_MPI_SIZE_VARS = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "MV2_COMM_WORLD_SIZE")
+
+
+def _first(environ: Mapping[str, str], names: tuple[str, ...]) -> str | None:
+    return next((environ[n] for n in names if n in environ), None)
 
 
 def srun_task(environ: Mapping[str, str] | None = None) -> tuple[int, int] | None:
-    """``(task, tasks)`` when ``srun`` started this process as a task of a step (not under an MPI launcher).
+    """``(task, tasks)`` when ``srun`` started this process as a task of a step of ``tasks`` tasks.
 
-    None in a batch script (no step), under mpiexec/hororun and in an interactive job (see
-    :data:`SLURM_INTERACTIVE_NAMES`).
+    None in a batch script (no step), in an interactive job (see :data:`SLURM_INTERACTIVE_NAMES`), and in a
+    rank of another launcher (Open MPI's mpiexec, hydra) whose daemon srun started.
     """
     environ = os.environ if environ is None else environ
-    if any(var in environ for var in MPI_LAUNCHER_VARS):
-        return None
     if environ.get("SLURM_JOB_NAME") in SLURM_INTERACTIVE_NAMES or "SLURM_STEP_ID" not in environ:
         return None
     task = environ.get("SLURM_PROCID", "")
     tasks = environ.get("SLURM_STEP_NUM_TASKS") or environ.get("SLURM_NTASKS", "")
-    if not (task.isdigit() and tasks.isdigit()):
+    if not (task.isdigit() and tasks.isdigit()) or "OMPI_COMM_WORLD_SIZE" in environ:
+        return None
+    rank, size = _first(environ, _MPI_RANK_VARS), _first(environ, _MPI_SIZE_VARS)
+    if (rank is not None and rank != task) or (size is not None and size != tasks):
         return None
     return int(task), int(tasks)
 
