@@ -8,6 +8,7 @@ left in the queue and no process but SLURM's and munge's daemons on any host.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -341,3 +342,95 @@ def test_lightning_example_at_4_ranks_on_2_nodes(cluster, tmp_path, launch):
     assert sorted((int(r), h) for r, _, h in rows) == [(0, "node1"), (1, "node1"), (2, "node2"), (3, "node2")], \
         out[-6000:]
     assert len({c for _, c, _ in rows}) == 1 and "test_acc=" in out, out[-6000:]
+
+
+def _wait_text(path: Path, text: str, limit: float, cluster) -> str:
+    deadline = time.monotonic() + limit
+    while time.monotonic() < deadline:
+        out = path.read_text(errors="replace") if path.exists() else ""
+        if text in out:
+            return out
+        time.sleep(0.2)
+    bed_slurm.run(cluster.bed, ["scancel", "--user=root"])
+    out = path.read_text(errors="replace") if path.exists() else ""
+    pytest.fail(f"the job never printed {text!r}:\n{out[-6000:]}")
+
+
+def _node_state(cluster, node: str, state: str) -> None:
+    args = ["scontrol", "update", f"NodeName={node}", f"State={state}"] + (["Reason=test"] if state == "DRAIN" else [])
+    proc = bed_slurm.run(cluster.bed, args)
+    assert proc.returncode == 0, proc.stderr
+
+
+def test_elastic_job_lets_a_drained_node_go_and_takes_it_back_when_resumed(cluster, tmp_path):
+    """3 nodes x 1 task, ``hororun --host-discovery-script horo-slurm-discovery``: node3 drained mid-job leaves
+    at the next commit (2 workers go on), resumed it is listed again and the job grows back to 3 from a commit.
+    Every step is done once and the committed count is exact."""
+    discovery = Path(sys.executable).parent / "horo-slurm-discovery"
+    out_dir = tmp_path / "out"
+    out_dir.mkdir()
+    steps = 400
+    env = {"ELASTIC_OUT": str(out_dir), "STEPS": str(steps), "STEP_SLEEP": "0.05"}
+    job, out = submit(cluster, tmp_path, f"{HORORUN} -np 3 --min-np 2 --host-discovery-script {discovery} "
+                                         f"{PY} {REPO / 'tests' / 'elastic_apps' / 'numpy_train.py'}",
+                      ["-N", "3", "--ntasks-per-node=1"], env=env)
+    try:
+        _wait_text(out, "world now has 3 worker(s)", 120, cluster)
+        time.sleep(2.0)
+        _node_state(cluster, "node3", "DRAIN")
+        _wait_text(out, "node3 (no longer listed by host discovery)", 60, cluster)
+        text = _wait_text(out, "world now has 2 worker(s): [('node1', 1), ('node2', 1)]", 60, cluster)
+        assert "failed" not in text.split("world now has 3 worker(s)", 1)[1], text[-6000:]
+        time.sleep(2.0)
+    finally:
+        _node_state(cluster, "node3", "RESUME")
+    rc = wait_job(cluster, job, 300)
+    text = out.read_text(errors="replace")
+    assert rc == 0, text[-6000:]
+    tail = text.split("world now has 2 worker(s)", 1)[1]
+    assert "restarting the job on ['node1', 'node2', 'node3'] (3 workers)" in tail, text[-6000:]
+    results = [json.loads(p.read_text()) for p in sorted(out_dir.glob("result.*.json"))]
+    assert len(results) == 3, text[-6000:]
+    for r in results:
+        sizes = [s[1] for s in r["steps"]]
+        assert sizes[-1] == 3 and r["weights"] == results[0]["weights"], r["steps"][-3:]
+    # Every step once: 3 workers before the drain and after the return, 2 between; the committed count (one
+    # unit per worker per step) says so exactly.
+    first = results[0]["steps"][0][0]
+    assert all(r["steps"][0][0] == first for r in results)
+    assert [s[0] for s in results[0]["steps"]] == list(range(first, steps))
+    before = results[0]["total"] - 3 * (steps - first)  # what the first job committed: 3, then 2 per step
+    assert 2 * first < before < 3 * first, (results[0]["total"], first)
+
+
+@pytest.mark.slow  # ~1 minute: a lost node, a restart without it, its cool-down, a restart with it
+def test_elastic_job_takes_a_failed_node_back_after_its_cool_down(cluster, tmp_path):
+    """Every process of the job on node3 SIGKILLed (its Open MPI daemon too; slurmd stays, so the node stays
+    listed): hororun goes on without node3 from the last commit, and once node3's cool-down
+    (--blacklist-cooldown-range) is over the job grows back onto it."""
+    discovery = Path(sys.executable).parent / "horo-slurm-discovery"
+    out_dir = tmp_path / "out"
+    out_dir.mkdir()
+    steps = 400
+    env = {"ELASTIC_OUT": str(out_dir), "STEPS": str(steps), "STEP_SLEEP": "0.05"}
+    job, out = submit(cluster, tmp_path, f"{HORORUN} -np 3 --min-np 2 --blacklist-cooldown-range 5 6 "
+                                         f"--host-discovery-script {discovery} "
+                                         f"{PY} {REPO / 'tests' / 'elastic_apps' / 'numpy_train.py'}",
+                      ["-N", "3", "--ntasks-per-node=1"], env=env)
+    _wait_text(out, "world now has 3 worker(s)", 120, cluster)
+    time.sleep(2.0)
+    for pid in host_pids(cluster.bed, "node3"):
+        if Path(f"/proc/{pid}/comm").read_text().strip() not in DAEMONS | {"slurmstepd"}:
+            os.kill(pid, 9)
+    rc = wait_job(cluster, job, 300)
+    text = out.read_text(errors="replace")
+    assert rc == 0, text[-6000:]
+    after = text.split("world now has 3 worker(s)", 1)[1]
+    assert re.search(r"host node3 was lost .*node3 is excluded for \d+ s", after), after[-6000:]
+    back = after.split("restarting the job on ['node1', 'node2'] (2 workers) from the last committed state", 1)
+    assert len(back) == 2, after[-6000:]
+    assert "restarting the job on ['node1', 'node2', 'node3'] (3 workers)" in back[1], after[-6000:]
+    results = [json.loads(p.read_text()) for p in sorted(out_dir.glob("result.*.json"))]
+    assert len(results) == 3 and all(r["weights"] == results[0]["weights"] for r in results), text[-6000:]
+    first = results[0]["steps"][0][0]
+    assert all([s[0] for s in r["steps"]] == list(range(first, steps)) for r in results)
