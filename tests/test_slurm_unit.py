@@ -62,6 +62,13 @@ def test_allocation_reads_the_job_nodes_and_tasks():
     assert allocation({k: v for k, v in ALLOC.items() if k != "SLURM_JOB_ID"}) is None
 
 
+def test_allocation_inside_an_srun_step_says_where_to_run_hororun():
+    env = {**ALLOC, "SLURM_TASKS_PER_NODE": "1", "SLURM_STEP_ID": "0"}
+    with pytest.raises(HostParseError, match=r"inside an srun step.*SLURM_STEP_ID='0'.*HINT: run hororun in the "
+                                             r"batch script"):
+        allocation(env)
+
+
 def _fake(tmp_path: Path, version: str) -> str:
     path = tmp_path / "fake-mpiexec"
     path.write_text(f'#!/bin/sh\nif [ "$1" = --version ]; then echo "{version}"; exit 0; fi\n'

@@ -126,5 +126,16 @@ def allocation(environ: Mapping[str, str] | None = None) -> list[HostSpec] | Non
     if job_id(environ) is None or not nodelist or not tasks:
         return None
     names = expand_hostlist(nodelist)
-    slots = parse_tasks_per_node(tasks, len(names))
+    try:
+        slots = parse_tasks_per_node(tasks, len(names))
+    except HostParseError as exc:
+        if "SLURM_STEP_ID" not in environ:
+            raise
+        # In an srun step the tasks per node are the step's, the node list the job's.
+        raise HostParseError(
+            f"hororun runs inside an srun step, whose SLURM variables describe the step, not the allocation. "
+            f"Received: SLURM_STEP_ID={environ['SLURM_STEP_ID']!r}, SLURM_JOB_NODELIST={nodelist!r}, "
+            f"SLURM_TASKS_PER_NODE={tasks!r}. HINT: run hororun in the batch script (or salloc's shell) "
+            "itself, not under srun; or pass -H."
+        ) from exc
     return [HostSpec(name, count) for name, count in zip(names, slots) if count > 0]
