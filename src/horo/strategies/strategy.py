@@ -169,6 +169,9 @@ class HoroStrategy(ParallelStrategy):
         if started_by_mpi() and requested > 1 and requested != core.local_size():
             rank_zero_warn(f"HoroStrategy: devices={requested} is ignored: the MPI job has {core.size()} ranks "
                            f"({core.local_size()} on this node) and each rank uses one device.")
+        if started_by_mpi() and self.num_nodes > 1 and self.num_nodes != core.cross_size():
+            rank_zero_warn(f"HoroStrategy: num_nodes={self.num_nodes} is ignored: the MPI job's ranks are on "
+                           f"{core.cross_size()} node(s).")
         if self.parallel_devices and self.parallel_devices[0].type == "cpu":
             self.parallel_devices = [torch.device("cpu")] * core.local_size()
         self._launcher = None  # the ranks exist already: MPI started them
