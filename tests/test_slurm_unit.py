@@ -186,6 +186,7 @@ def test_check_srun_world_refuses_singletons_and_names_what_to_run():
 
     check_srun_world(4, STEP)
     check_srun_world(1, {})
+    check_srun_world(1, {**STEP, "PMIX_RANK": "2"})  # a process a PMIx task started: may run alone
     with pytest.raises(RuntimeError, match=r"task 2 of an srun step of 4 tasks.*world of 1.*srun --mpi=pmix -n 4"
                                            r".*hororun -np 4"):
         check_srun_world(1, STEP)

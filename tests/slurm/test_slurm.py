@@ -434,3 +434,24 @@ def test_elastic_job_takes_a_failed_node_back_after_its_cool_down(cluster, tmp_p
     assert len(results) == 3 and all(r["weights"] == results[0]["weights"] for r in results), text[-6000:]
     first = results[0]["steps"][0][0]
     assert all([s[0] for s in r["steps"]] == list(range(first, steps)) for r in results)
+
+
+# ~45 s here (294 in-rank checks); the collective demo above covers the launch path in the default suite.
+@pytest.mark.slow
+@pytest.mark.timeout(1000)
+def test_core_suite_under_srun_pmix(cluster, tmp_path):
+    """tests/mpi's allreduce, collectives and runtime checks in one srun --mpi=pmix world of 2 x 2 (as
+    tests/multihost runs them under hororun): every rank's pytest exits 0."""
+    if bed_slurm.pmix_reason():
+        pytest.skip(bed_slurm.pmix_reason())
+    suite = [str(REPO / "tests" / "mpi" / name) for name in ("test_allreduce.py", "test_collectives.py",
+                                                              "test_runtime.py")]
+    env = {"HORO_TEST_WORLD": "4", "HORO_TEST_LOGDIR": str(tmp_path),
+           "PYTHONPATH": os.pathsep.join([str(REPO / "tests" / "mpi"), str(REPO / "src")])}
+    rc, out = on_head(cluster, ["srun", "--mpi=pmix", "-N", "2", "--ntasks-per-node=2", PY, "-m", "pytest", *suite,
+                                "-q", "-rfE", "--tb=short", "-p", "no:cacheprovider", "-p", "_mpi_rank_plugin",
+                                "--timeout=120", "--timeout-method=thread", "--rootdir", str(REPO)],
+                      timeout=900, env=env)
+    rcs = {r: (tmp_path / f"rank{r}.rc").read_text().strip() if (tmp_path / f"rank{r}.rc").exists() else None
+           for r in range(4)}
+    assert rc == 0 and set(rcs.values()) == {"0"}, f"rank exit codes {rcs}\n{out[-8000:]}"

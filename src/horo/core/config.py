@@ -96,13 +96,16 @@ def check_srun_world(size: int, environ: Mapping[str, str] | None = None) -> Non
 
     That is what plain ``srun`` does to an MPI that needs a PMI server it did not start (Open MPI 5 needs
     PMIx): every task is a singleton, and would train alone on the whole data set. Every task raises, before
-    any communication.
+    any communication. Where srun did give a PMI server (``PMIX_RANK``/``PMI_RANK`` set) the world is the one
+    it describes, and a smaller one belongs to a process a task started (inheriting the task's variables),
+    which may well mean to run alone.
 
     Raises:
         RuntimeError: the world does not match the step; the message says what to run instead.
     """
+    environ = os.environ if environ is None else environ
     found = srun_task(environ)
-    if found is None or found[1] == size:
+    if found is None or found[1] == size or _first(environ, _MPI_RANK_VARS) is not None:
         return
     task, tasks = found
     raise RuntimeError(
