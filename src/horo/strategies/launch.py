@@ -9,6 +9,8 @@ import subprocess
 import sys
 from typing import NoReturn
 
+from horo.run.slurm import allocation
+
 from .._launcher import launcher_rank, started_by_mpi
 
 __all__ = ["check_nodes", "launcher_rank", "relaunch", "relaunch_command", "started_by_mpi"]
@@ -23,8 +25,6 @@ def check_nodes(num_nodes: int, devices: int) -> None:
     """
     if num_nodes <= 1:
         return
-    from horo.run.slurm import allocation
-
     alloc = allocation()
     hint = (f"HINT: run the script inside sbatch/salloc -N {num_nodes} --ntasks-per-node={devices}, or start the "
             f"ranks yourself: hororun -np {num_nodes * devices} -H host1:{devices},host2:{devices},... "

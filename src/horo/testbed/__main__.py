@@ -7,6 +7,8 @@ import os
 import sys
 
 from .bed import HEAD, Bed, TestbedError, down, exec_argv, host_pids, kill_host, link_bytes, load, set_link, up
+from .slurm import down as slurm_down
+from .slurm import start as slurm_start
 
 __all__ = ["main"]
 
@@ -42,10 +44,8 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _start_slurm(bed: Bed) -> None:
-    from .slurm import start
-
     try:
-        slurm = start(bed)
+        slurm = slurm_start(bed)
     except BaseException:
         down(bed.name)
         raise
@@ -71,9 +71,7 @@ def main(argv: list[str] | None = None) -> int:
                       f"-n {len(bed.hosts) * bed.slots} job.sh   (job.sh runs: hororun -np "
                       f"{len(bed.hosts) * bed.slots} python x.py)")
         elif ns.cmd == "down":
-            from .slurm import down as slurm_down  # stops SLURM first when it runs on the bed
-
-            for item in slurm_down(ns.name):
+            for item in slurm_down(ns.name):  # stops SLURM first when it runs on the bed
                 print(f"removed {item}")
         elif ns.cmd == "status":
             bed = load(ns.name)
