@@ -176,13 +176,13 @@ STEP = {"SLURM_JOB_ID": "7", "SLURM_STEP_ID": "0", "SLURM_PROCID": "2", "SLURM_S
     ({}, None),
 ])
 def test_srun_task(env, task):
-    from horo.core.config import srun_task
+    from horo.core.base.config import srun_task
 
     assert srun_task(env) == task
 
 
 def test_check_srun_world_refuses_singletons_and_names_what_to_run():
-    from horo.core.config import check_srun_world
+    from horo.core.base.config import check_srun_world
 
     check_srun_world(4, STEP)
     check_srun_world(1, {})

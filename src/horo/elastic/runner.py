@@ -21,6 +21,7 @@ through the same ``sync()`` before their first step.
 
 from __future__ import annotations
 
+import atexit
 import functools
 import os
 import sys
@@ -31,12 +32,14 @@ from typing import Any, TypeVar
 import numpy as np
 
 from .. import core
-from ..core.errors import HoroInternalError
-from ..core.state import state as rt
-from . import world
+from ..core.base.errors import HoroInternalError
+from ..core.base.state import state as rt
+from . import client, world
 from .errors import ElasticError, HostsUpdatedInterrupt
+from .growth import end_for_restart, log
+from .state import State
 
-__all__ = ["run", "host_update_pending", "end_for_restart", "reset_count"]
+__all__ = ["run", "reset_count"]
 
 F = TypeVar("F", bound=Callable[..., Any])
 # A job hororun restarted after a lost host continues the count (HORO_ELASTIC_RESET_BASE).
@@ -51,48 +54,6 @@ def reset_count() -> int:
 def _env_int(name: str, default: int | None) -> int | None:
     raw = os.environ.get(name)
     return int(raw) if raw not in (None, "") else default
-
-
-def _log(msg: str) -> None:
-    if os.environ.get("HORO_ELASTIC_VERBOSE", "1") != "0":
-        sys.stderr.write(f"horo.elastic: {msg}\n")
-        sys.stderr.flush()
-
-
-def host_update_pending() -> int:
-    """Collective: how the world grows at this commit, as rank 0's driver client says (``growth_available``)."""
-    from . import client
-
-    if not client.enabled():
-        return 0
-    flag = np.zeros(1, dtype=np.int64)
-    if core.rank() == 0:
-        flag[0] = client.growth_available(core.size())
-    return int(core.broadcast(flag, 0, name="horo.elastic.host_updates")[0])
-
-
-def end_for_restart() -> None:
-    """Collective, at a commit, when new slots are on other hosts only: end every worker cleanly; hororun
-    then starts the job again with them, from this commit (Open MPI 5 cannot spawn onto another host).
-
-    Rank 0 first waits until this commit has reached hororun, and tells it; every rank then raises
-    ``SystemExit(0)``, which leaves the training function and the script (code after ``train(state)`` does
-    not run: the job is not over).
-    """
-    from . import client
-
-    ok = np.zeros(1, dtype=np.int64)
-    if core.rank() == 0:
-        try:
-            if client.wait_kept():
-                client.request_restart()
-                ok[0] = 1
-        except (OSError, ValueError) as exc:
-            _log(f"rank 0: cannot hand over for a restart with the new hosts ({exc}); training goes on")
-    if not core.broadcast(ok, 0, name="horo.elastic.restart")[0]:
-        return
-    _log(f"rank {core.rank()}: ending at this commit; hororun starts the job again with the new hosts")
-    raise SystemExit(0)
 
 
 def _check_reset_limit() -> None:
@@ -151,10 +112,8 @@ def _after_failure() -> None:
     old = core.size() if rt.world is not None else -1
     world.shrink()
     world.timings["recover_s"] = time.perf_counter() - t0
-    _log(f"rank {core.rank()}: a worker failed; world re-formed from {old} to {core.size()} processes in "
+    log(f"rank {core.rank()}: a worker failed; world re-formed from {old} to {core.size()} processes in "
          f"{world.timings['recover_s'] * 1e3:.0f} ms (shrink {world.timings.get('shrink_s', 0) * 1e3:.0f} ms)")
-    from . import client
-
     client.report_world()
     min_np = _env_int("HORO_ELASTIC_MIN_NP", 1) or 1
     if core.size() < min_np:
@@ -167,8 +126,6 @@ def _wait_for_min(min_np: int) -> None:
     Free slots on this machine: spawn there. Enough only with other hosts' (a job across hosts): end at the
     commit just restored, for hororun to start the job again with them (``end_for_restart``).
     """
-    from . import client
-
     timeout = float(os.environ.get("HORO_ELASTIC_TIMEOUT", "600"))
     deadline = time.monotonic() + timeout
     while True:
@@ -198,8 +155,6 @@ def _resume(state: Any) -> None:
     """Collective, in a job hororun restarted after a lost host: continue from the last commit it kept."""
     import pickle
 
-    from . import client
-
     value, status, why = None, np.zeros(1, dtype=np.int64), ""
     if core.rank() == 0:
         try:
@@ -218,15 +173,13 @@ def _resume(state: Any) -> None:
         state.load_committed(value)
         state.restore()
     state.on_reset()
-    _log(f"rank {core.rank()}: restarted by hororun on {core.size()} processes, from "
+    log(f"rank {core.rank()}: restarted by hororun on {core.size()} processes, from "
          f"{'the last commit' if status[0] else 'the start (nothing was committed)'}")
 
 
 def grow() -> None:
     """Collective over the current world: spawn workers on the driver's free slots and merge with them."""
     from mpi4py import MPI
-
-    from . import client
 
     t0 = time.perf_counter()
     hosts: list[str] = client.claim_slots(core.size()) if core.rank() == 0 else []
@@ -249,7 +202,7 @@ def grow() -> None:
     core.init(comm=merged)
     client.set_new_hosts(hosts)
     world.timings["grow_s"] = time.perf_counter() - t0
-    _log(f"rank {core.rank()}: world grew from {old} to {core.size()} processes in "
+    log(f"rank {core.rank()}: world grew from {old} to {core.size()} processes in "
          f"{world.timings['grow_s'] * 1e3:.0f} ms (new workers on {hosts})")
     client.report_world()
 
@@ -266,19 +219,13 @@ def run(func: F) -> F:
 
     @functools.wraps(func)
     def wrapper(state: Any, *args: Any, **kwargs: Any) -> Any:
-        from .state import State
-
         if not isinstance(state, State):
             raise TypeError(f"{func.__name__}: the first argument of an @elastic.run function must be a "
                             f"horo.elastic.State. Received: state of type {type(state).__name__}. HINT: "
                             "train(hvd.elastic.TorchState(model, optimizer, epoch=0)).")
         if core.size() > 1:
             world.require_ft("horo.elastic.run")
-        from . import client
-
         if not _resets["atexit"]:
-            import atexit
-
             atexit.register(_exit_without_finalize)  # after mpi4py's: runs before MPI_Finalize
             _resets["atexit"] = 1
         client.start()
@@ -315,7 +262,7 @@ def run(func: F) -> F:
                 # rank saw a peer fail (core.fault recorded it).
                 if not isinstance(exc, HoroInternalError) and rt.failed is None:
                     raise
-                _log(f"rank {core.rank()} caught {type(exc).__name__} at t={time.time():.3f}: {str(exc)[:300]}")
+                log(f"rank {core.rank()} caught {type(exc).__name__} at t={time.time():.3f}: {str(exc)[:300]}")
                 ok = False
             # Every live rank takes part, so a rank that returned just as a peer died is not left behind.
             if core.size() > 1 and not world.agree(ok):

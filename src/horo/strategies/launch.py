@@ -9,6 +9,7 @@ import subprocess
 import sys
 from typing import NoReturn
 
+from horo.run.mpiexec import MpiexecError, local_command
 from horo.run.slurm import allocation
 
 from .._launcher import launcher_rank, started_by_mpi
@@ -46,7 +47,6 @@ def relaunch_command(nprocs: int) -> list[str]:
     rank_cmd = [sys.executable, *argv]
     if os.environ.get("HORO_LAUNCHER", "hororun") != "mpiexec" and importlib.util.find_spec("horo.run"):
         return [sys.executable, "-m", "horo.run", "-np", str(nprocs), *rank_cmd]
-    from horo.run.mpiexec import MpiexecError, local_command
 
     try:
         return local_command(nprocs, rank_cmd)

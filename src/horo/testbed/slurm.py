@@ -40,6 +40,7 @@ from pathlib import Path
 
 from . import bed as _bed
 from .bed import HEAD, Bed, TestbedError
+from .control import exec_argv, host_pids
 
 __all__ = ["PACKAGES", "Slurm", "down", "load", "pmix_reason", "run", "start", "stop", "unsupported_reason", "up",
            "wait_idle"]
@@ -122,7 +123,7 @@ def _sh(bed: Bed, host: str, script: str, timeout: float = 30.0) -> str:
 def run(bed: Bed, argv: list[str], host: str = HEAD, timeout: float = 60.0, cwd: str | None = None,
         env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     """Run a SLURM command (``sinfo``, ``scontrol ...``) on ``host`` and return it (not checked)."""
-    full = _bed.exec_argv(bed, host, argv, cwd=cwd or "/")
+    full = exec_argv(bed, host, argv, cwd=cwd or "/")
     return subprocess.run(full, capture_output=True, text=True, timeout=timeout, env={**_clean_env(), **(env or {})},
                           stdin=subprocess.DEVNULL)
 
@@ -292,7 +293,7 @@ def stop(bed: Bed, timeout: float = 15.0) -> list[str]:
     # pidfile; the nodes' by their names in each node's PID namespace.
     daemons: list[int] = []
     for host in [h.name for h in bed.hosts] + ([HEAD] if bed.head else []):
-        for pid in _bed.host_pids(bed, host):
+        for pid in host_pids(bed, host):
             try:
                 name = Path(f"/proc/{pid}/comm").read_text().strip()
             except OSError:
