@@ -27,7 +27,7 @@ pytestmark = [pytest.mark.slurm, pytest.mark.timeout(600)]
 REPO = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent
 JOBS = REPO / "tests" / "multihost"
-BED = "horos"
+BED = "slurm"  # namespaces slurm-head, slurm-node1, ... (one bed: names cannot nest, see the last test)
 PY = sys.executable
 HORORUN = str(Path(sys.executable).parent / "hororun")
 DAEMONS = {"munged", "slurmctld", "slurmscriptd", "slurmd"}
@@ -78,6 +78,8 @@ def nothing_left(request):
     if "cluster" not in request.fixturenames:
         return
     made = request.getfixturevalue("cluster")
+    if not Path(made.bed.state).exists():
+        return  # taken down by the test
     deadline = time.monotonic() + 20
     left, queue = {}, []
     while time.monotonic() < deadline:
@@ -287,25 +289,6 @@ def test_scancel_leaves_no_process_on_any_host(cluster, tmp_path, launch):
     assert "FINISHED" not in out.read_text(errors="replace")
 
 
-def test_down_stops_every_daemon_and_leaves_nothing():
-    """A second, one-node cluster up and down: its daemons, namespaces, mounts and state all go."""
-    reason = bed_slurm.unsupported_reason()
-    if reason:
-        pytest.skip(f"no SLURM test bed: {reason}")
-    name = "horosd"
-    bed_slurm.down(name)
-    made = bed_slurm.up(hosts=1, slots=1, name=name)
-    daemons = [p for h in (HEAD, "node1") for p in host_pids(made.bed, h)]
-    assert {Path(f"/proc/{p}/comm").read_text().strip() for p in daemons} == DAEMONS
-    removed = bed_slurm.down(name)
-    assert any(r.startswith("daemon pid") for r in removed), removed
-    assert not [p for p in daemons if Path(f"/proc/{p}").exists() and
-                Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"], "a daemon outlived down"
-    names = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
-    assert f"{name}-" not in names and not Path(made.bed.state).exists()
-    assert f"/{name}/" not in Path("/proc/self/mountinfo").read_text()
-
-
 def _examples(cluster, tmp_path: Path, launch: str, script: list[str]) -> tuple[int, str]:
     """Run an example at 4 ranks on 2 nodes (2 tasks each): through srun --mpi=pmix, hororun in sbatch, or
     (``self``) the script alone in sbatch, starting its ranks itself."""
@@ -455,3 +438,18 @@ def test_core_suite_under_srun_pmix(cluster, tmp_path):
     rcs = {r: (tmp_path / f"rank{r}.rc").read_text().strip() if (tmp_path / f"rank{r}.rc").exists() else None
            for r in range(4)}
     assert rc == 0 and set(rcs.values()) == {"0"}, f"rank exit codes {rcs}\n{out[-8000:]}"
+
+
+# Last in the module: it takes the module's cluster down (the fixture's own down then has nothing left to do).
+# A second bed would need a second name, and the bed's names are prefixes of one another's namespaces.
+def test_down_stops_every_daemon_and_leaves_nothing(cluster):
+    """``down``: every daemon on every host ends, and the bed's namespaces, mounts and state all go."""
+    daemons = [p for h in (HEAD, *cluster.nodes) for p in host_pids(cluster.bed, h)]
+    assert {Path(f"/proc/{p}/comm").read_text().strip() for p in daemons} == DAEMONS
+    removed = bed_slurm.down(BED)
+    assert any(r.startswith("daemon pid") for r in removed), removed
+    assert not [p for p in daemons if Path(f"/proc/{p}").exists() and
+                Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"], "a daemon outlived down"
+    names = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.split()
+    assert not [n for n in names if n.startswith(f"{BED}-")] and not Path(cluster.bed.state).exists()
+    assert f"/{BED}/" not in Path("/proc/self/mountinfo").read_text()
