@@ -17,13 +17,12 @@ from lightning_fabric.plugins import ClusterEnvironment
 from typing_extensions import override
 
 from .. import core
+from ..core.base.config import LAUNCHER_SIZE_VARS
 from .launch import launcher_rank, started_by_mpi
 
 __all__ = ["HoroEnvironment"]
 
 log = logging.getLogger(__name__)
-
-_SIZE_VARS = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "MV2_COMM_WORLD_SIZE")
 
 
 class HoroEnvironment(ClusterEnvironment):
@@ -53,7 +52,7 @@ class HoroEnvironment(ClusterEnvironment):
     def world_size(self) -> int:
         if core.is_initialized():
             return core.size()
-        for var in _SIZE_VARS:
+        for var in LAUNCHER_SIZE_VARS:
             if os.environ.get(var, "").isdigit():
                 return int(os.environ[var])
         return 1

@@ -17,9 +17,10 @@ import sys
 from collections.abc import Mapping, MutableMapping
 from typing import Any
 
-__all__ = ["ALIASED", "ALIAS_PREFIX", "LAUNCHER_RANK_VARS", "LAUNCHER_VARS", "SLURM_INTERACTIVE_NAMES", "Config",
-           "apply_aliases", "check_srun_world", "config", "horo_name", "launcher_rank", "launcher_rank0", "read_env",
-           "resolve_aliases", "share", "srun_task", "started_by_launcher"]
+__all__ = ["ALIASED", "ALIAS_PREFIX", "LAUNCHER_RANK_VARS", "LAUNCHER_SIZE_VARS", "LAUNCHER_VARS",
+           "SLURM_INTERACTIVE_NAMES", "Config", "apply_aliases", "check_srun_world", "config", "horo_name",
+           "launcher_rank", "launcher_rank0", "read_env", "resolve_aliases", "share", "srun_task",
+           "started_by_launcher"]
 
 ALIAS_PREFIX = "HOROVOD_"
 #: Horovod variable families (suffixes, or suffix prefixes ending in ``_``) that horo reads under its own
@@ -31,6 +32,8 @@ ALIASED: tuple[str, ...] = ("FUSION_THRESHOLD", "CYCLE_TIME", "CACHE_CAPACITY", 
 #: MPI, MPICH and Intel MPI (hydra), PMIx, MVAPICH. SLURM's ``SLURM_PROCID`` counts only where srun started the
 #: process as one of its tasks (:func:`srun_task`): ranks of mpiexec in an allocation inherit their daemon's.
 LAUNCHER_RANK_VARS = ("OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK", "MV2_COMM_WORLD_RANK")
+#: Their world size variables (PMIx has none: ``PMIX_RANK`` alone is set).
+LAUNCHER_SIZE_VARS = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "MV2_COMM_WORLD_SIZE")
 #: Variables every rank of an MPI launcher has (SLURM's are not among them: an sbatch script has them too).
 LAUNCHER_VARS = ("OMPI_COMM_WORLD_SIZE", "PMI_RANK", "PMI_SIZE", "PMIX_RANK", "MV2_COMM_WORLD_SIZE", "MPI_LOCALRANKID")
 _warned: set[str] = set()
@@ -88,10 +91,9 @@ def started_by_launcher(environ: Mapping[str, str] | None = None) -> bool:
 #: Lightning's SLURMEnvironment convention, kept here: in a job named ``bash`` or ``interactive`` the user
 #: starts the processes himself, so SLURM's task variables do not describe them.
 SLURM_INTERACTIVE_NAMES = ("bash", "interactive")
-# An MPI launcher's rank and size variables. Under `srun --mpi=pmix` (or pmi2) they are srun's task and task
+# An MPI launcher's rank and size variables (above) are, under `srun --mpi=pmix` (or pmi2), srun's task and task
 # count; under mpiexec/hororun in an allocation they are not: the ranks there inherit the SLURM variables of the
 # srun step that started their Open MPI daemon (or of the batch script, on the first node).
-_MPI_SIZE_VARS = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "MV2_COMM_WORLD_SIZE")
 
 
 def _first(environ: Mapping[str, str], names: tuple[str, ...]) -> str | None:
@@ -111,7 +113,7 @@ def srun_task(environ: Mapping[str, str] | None = None) -> tuple[int, int] | Non
     tasks = environ.get("SLURM_STEP_NUM_TASKS") or environ.get("SLURM_NTASKS", "")
     if not (task.isdigit() and tasks.isdigit()) or "OMPI_COMM_WORLD_SIZE" in environ:
         return None
-    rank, size = _first(environ, LAUNCHER_RANK_VARS), _first(environ, _MPI_SIZE_VARS)
+    rank, size = _first(environ, LAUNCHER_RANK_VARS), _first(environ, LAUNCHER_SIZE_VARS)
     if (rank is not None and rank != task) or (size is not None and size != tasks):
         return None
     return int(task), int(tasks)
