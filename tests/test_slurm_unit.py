@@ -181,6 +181,19 @@ def test_srun_task(env, task):
     assert srun_task(env) == task
 
 
+@pytest.mark.parametrize(("env", "rank", "started"), [
+    (STEP, 2, True),  # an srun task of a step of 4
+    ({k: v for k, v in STEP.items() if k != "SLURM_STEP_ID"}, None, False),  # the batch script itself
+    ({**STEP, "SLURM_STEP_NUM_TASKS": "1", "SLURM_NTASKS": "1", "SLURM_PROCID": "0"}, 0, False),  # srun --pty
+    ({**STEP, "OMPI_COMM_WORLD_SIZE": "4", "OMPI_COMM_WORLD_RANK": "3"}, 3, True),  # hororun's rank, not the step's
+    ({**STEP, "SLURM_JOB_NAME": "interactive"}, None, False),
+])
+def test_one_launcher_list_reads_srun_as_lightning_does(env, rank, started):
+    from horo.core.base.config import launcher_rank, started_by_launcher
+
+    assert launcher_rank(env) == rank and started_by_launcher(env) is started
+
+
 def test_check_srun_world_refuses_singletons_and_names_what_to_run():
     from horo.core.base.config import check_srun_world
 
