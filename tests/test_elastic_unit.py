@@ -52,7 +52,10 @@ def test_elastic_flags_follow_horovod():
     assert ns.elastic and ns.np == 2 and ns.min_np == 2 and ns.max_np == 4 and ns.elastic_timeout == 600
     ns = parse_args(["-np", "3", "--min-np", "2", "-H", "a:2,b:2", "--blacklist-cooldown-range", "1", "5",
                      "--reset-limit", "3", "python", "x.py"])
-    assert ns.max_np == 3 and ns.cooldown == [1.0, 5.0] and ns.reset_limit == 3
+    # With a host list and no --max-np, every slot offered is used (Horovod: no bound); on this machine only,
+    # -np is the bound.
+    assert ns.max_np is None and ns.cooldown == [1.0, 5.0] and ns.reset_limit == 3
+    assert parse_args(["-np", "3", "--min-np", "2", "python", "x.py"]).max_np == 3
     assert not parse_args(["-np", "2", "python", "x.py"]).elastic
 
 
@@ -106,6 +109,7 @@ def test_driver_tells_apart_workers_that_share_a_pid_on_different_hosts():
     logs: list[str] = []
     driver = ElasticDriver(lambda: {"a": 1, "b": 1, "c": 1}, 2, 3, log=logs.append)
     try:
+        driver.refresh()
         driver._world([["a", "ha", 7], ["b", "hb", 7], ["c", "hc", 7]])  # noqa: SLF001
         assert driver.table.in_use == {"a": 1, "b": 1, "c": 1}
         driver._world([["a", "ha", 7], ["b", "hb", 7]])  # noqa: SLF001 - c's worker died
@@ -122,14 +126,16 @@ def test_driver_grows_the_world_on_this_machine_only():
     logs: list[str] = []
     driver = ElasticDriver(lambda: {"localhost": 1, "nodeb": 2}, 1, 4, log=logs.append)
     try:
-        assert driver.initial_assignment(2, 5.0) == ["localhost", "nodeb"]
+        # Horovod's start: wait for -np slots, then take every slot up to --max-np.
+        assert driver.initial_assignment(2, 5.0) == ["localhost", "nodeb", "nodeb"]
         assert driver.handle({"op": "poll"})["free"] == 0
-        assert driver.handle({"op": "claim", "size": 2}) == {"hosts": []}
+        driver.table.update({"localhost": 1, "nodeb": 3})  # one slot more, on the other host
+        assert driver.handle({"op": "claim", "size": 3}) == {"hosts": []}
         driver.handle({"op": "poll"})
         told = [m for m in logs if m.startswith("not growing onto ['nodeb']")]
         assert len(told) == 1, logs
-        driver.table.update({"localhost": 2, "nodeb": 2})
-        assert driver.handle({"op": "claim", "size": 2}) == {"hosts": ["localhost"]}
+        driver.table.update({"localhost": 2, "nodeb": 3})
+        assert driver.handle({"op": "claim", "size": 3}) == {"hosts": ["localhost"]}
     finally:
         driver.server.server_close()
 
@@ -172,12 +178,13 @@ def test_driver_keeps_the_last_commit_and_forgets_a_lost_hosts_workers():
         driver.handle({"op": "commit", BLOB: b"one"})
         driver.handle({"op": "commit", BLOB: b"two"})
         assert driver.handle({"op": "resume"}) == {"ok": True, BLOB: b"two"}
+        driver.refresh()
         driver._world([["a", "ha", 7], ["b", "hb", 7], ["c", "hc", 7]])  # noqa: SLF001
         assert driver.world_reports == 1
         assert driver.lose_hosts(["hc"]) == ["c"]
         assert [(host, pid) for _t, host, pid in driver.failures] == [("c", 7)]
         assert driver.members == {} and driver.world_reports == 0
-        assert driver.initial_assignment(3, 1.0) == ["a", "b"]  # c is excluded for good
+        assert driver.initial_assignment(2, 1.0) == ["a", "b"]  # c is excluded for good
         driver._world([["a", "ha", 9], ["b", "hb", 9]])  # noqa: SLF001 - the restarted job
         assert len(driver.failures) == 1
         assert any("host c was lost (its Open MPI daemon too); c is excluded" in m for m in logs), logs
@@ -240,7 +247,8 @@ def test_a_job_across_hosts_grows_onto_them_by_a_restart():
     driver = ElasticDriver(lambda: {"localhost": 1, "nodeb": 2}, 1, 4)
     try:
         driver.restart_growth = True
-        assert driver.initial_assignment(2, 5.0) == ["localhost", "nodeb"]
+        assert driver.initial_assignment(2, 5.0) == ["localhost", "nodeb", "nodeb"]
+        driver.table.update({"localhost": 1, "nodeb": 3})  # discovery offers one slot more, on nodeb
         reply = driver.handle({"op": "poll"})
         assert reply["free"] == 0 and reply["remote_free"] == 1
         driver.handle({"op": "restart"})

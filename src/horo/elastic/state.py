@@ -78,17 +78,20 @@ class State:
         client.keep_state(value)
 
     def check_host_updates(self) -> None:
-        """Raise ``HostsUpdatedInterrupt`` on every rank when the launcher has new slots for workers.
+        """Raise ``HostsUpdatedInterrupt`` on every rank when the launcher has new slots for workers, or when
+        workers must leave (their host was removed from discovery, or excluded after a failure).
 
         Rank 0 learns it from hororun's driver (polled in the background); the answer is broadcast, so all
         ranks act together, at the same commit. Slots on other hosts only, in a job across hosts: the
         workers end here instead and hororun starts the job again with them (``runner.end_for_restart``).
         """
+        from .client import REMOVE
         from .runner import end_for_restart, host_update_pending
 
         kind = host_update_pending()
-        if kind == 1:
-            raise HostsUpdatedInterrupt(skip_sync=False)
+        if kind in (1, REMOVE):
+            # Only leaving: every rank holds this commit already, nothing to broadcast (unless some join too).
+            raise HostsUpdatedInterrupt(skip_sync=kind == REMOVE)
         if kind == 2 and not getattr(self, "_told_unsupported", False):
             end_for_restart()
 
