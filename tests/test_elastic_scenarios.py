@@ -39,8 +39,9 @@ def scenario(tmp_path: Path, *, np: int = 2, min_np: int = 2, max_np: int | None
              schedule: list[tuple[int | None, list[str]]] | None = None, hosts: str | None = None,
              exits: dict[tuple[int, int], list[int]] | None = None, exit_mode: str = "exception",
              expect: dict[int, list[str]] | None = None, extra: list[str] | None = None,
-             env: dict[str, str] | None = None, timeout: float = 150.0) -> tuple[Job, list[dict]]:
-    """Run scenario_train.py as Horovod's elastic_common ``_run`` does; returns the job and the epoch lines."""
+             env: dict[str, str] | None = None, timeout: float = 150.0,
+             app: str = "scenario_train.py") -> tuple[Job, list[dict]]:
+    """Run ``app`` as Horovod's elastic_common ``_run`` does; returns the job and the epoch lines."""
     log = tmp_path / "epochs.jsonl"
     args = ["-np", str(np), "--min-np", str(min_np)]
     if hosts is not None:
@@ -57,7 +58,7 @@ def scenario(tmp_path: Path, *, np: int = 2, min_np: int = 2, max_np: int | None
         expect = {e: listed.get(e + 1, final) for e in range(10) if listed.get(e, final) != listed.get(e + 1, final)}
     full_env = {"LOGFILE": str(log), "EXITS": json.dumps({f"{e},{b}": r for (e, b), r in (exits or {}).items()}),
                 "EXIT_MODE": exit_mode, "EXPECT": json.dumps(expect or {}), **(env or {})}
-    job = run_elastic(tmp_path, "scenario_train.py", [*args, *(extra or [])], full_env, timeout=timeout)
+    job = run_elastic(tmp_path, app, [*args, *(extra or [])], full_env, timeout=timeout)
     lines = [json.loads(t) for t in log.read_text().splitlines()] if log.exists() else []
     return job, lines
 
@@ -93,7 +94,7 @@ def test_hosts_added_and_removed(tmp_path: Path, slots: int, np_: int, min_np: i
 
 @needs_ulfm
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("exit_mode", ["exception", "kill"])
+@pytest.mark.parametrize("exit_mode", ["exception", pytest.param("kill", marks=pytest.mark.slow)])
 def test_single_rank_failure(tmp_path: Path, exit_mode: str) -> None:
     """Rank 0 raises (or is killed) at epoch 1, batch 0: its host, localhost, is excluded, so its other
     worker leaves too; 127.0.0.1's two workers roll back to the last commit and finish as ranks 0 and 1."""
@@ -110,7 +111,7 @@ def test_single_rank_failure(tmp_path: Path, exit_mode: str) -> None:
 
 @needs_ulfm
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("exit_mode", ["exception", "kill"])
+@pytest.mark.parametrize("exit_mode", ["exception", pytest.param("kill", marks=pytest.mark.slow)])
 def test_fault_tolerance_without_scaling(tmp_path: Path, exit_mode: str) -> None:
     """The same with a fixed host list (-H) and no --max-np: every slot is used from the start."""
     job, lines = scenario(tmp_path, hosts=f"{A}:2,{B}:2", max_np=None, exits={(1, 0): [0]}, exit_mode=exit_mode)
@@ -191,3 +192,39 @@ def test_excluded_host_comes_back_after_its_cooldown(tmp_path: Path) -> None:
     _finished_equal(job, 4)
     assert job.out.count(f"{B} is excluded for 2 s") == 2, _show(job)
     assert "2 worker(s) failed during the job" in job.out, _show(job)
+
+
+# Keras fit with KerasState and the elastic callbacks, on the TF and torch backends: one host removal (after
+# a growth) and one raising worker. Every worker imports its framework (spawned ones one after another): 45-85 s
+# each here, so `slow`; test_elastic.py's test_keras_fit_survives_a_kill covers KerasState in the default run.
+KERAS_BACKENDS = ["tensorflow", "torch"]
+
+
+@pytest.mark.slow
+@needs_ulfm
+@pytest.mark.timeout(500)
+@pytest.mark.parametrize("backend", KERAS_BACKENDS)
+def test_keras_fit_hosts_added_and_removed(tmp_path: Path, backend: str) -> None:
+    job, lines = scenario(tmp_path, schedule=[(0, [f"{A}:2"]), (1, [f"{A}:2", f"{B}:2"]), (None, [f"{B}:2"])],
+                          app="keras_scenario.py", env={"KERAS_BACKEND": backend}, timeout=420)
+    assert [_world(w) for w in lines] == [(2, 0, A, 1), (4, 0, A, 2), (2, 2, B, 3)], _show(job)
+    assert [line["commits"] for line in lines] == [10, 21, 32], "a commit was redone or lost"
+    _finished_equal(job, 2)
+    for r in job.results:
+        assert r["epoch"] == 3 and r["lr"] == pytest.approx(0.02), r
+        assert r["resets"] == [[2, r["rank"]]], r  # spawned at the growth, reset at the removal
+
+
+@pytest.mark.slow
+@needs_ulfm
+@pytest.mark.timeout(500)
+@pytest.mark.parametrize("backend", KERAS_BACKENDS)
+def test_keras_fit_single_rank_failure(tmp_path: Path, backend: str) -> None:
+    job, lines = scenario(tmp_path, schedule=[(None, [f"{A}:2", f"{B}:2"])], exits={(1, 0): [0]},
+                          app="keras_scenario.py", env={"KERAS_BACKEND": backend}, timeout=420)
+    assert [_world(w) for w in lines] == [(4, 0, A, 1), (2, 2, B, 2), (2, 2, B, 2)], _show(job)
+    _finished_equal(job, 2)
+    assert "RuntimeError: scheduled failure at epoch 1 batch 0 (start rank 0)" in job.out, _show(job)
+    for r in job.results:
+        assert r["epoch"] == 3 and r["lr"] == pytest.approx(0.02), r
+        assert r["resets"] == [[2, r["rank"]]], r
