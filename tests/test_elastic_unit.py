@@ -333,3 +333,92 @@ def test_rank_0_hands_its_commits_to_a_real_driver(monkeypatch):
         assert drv.state_unsupported == "Mine"
     finally:
         drv.stop()
+
+
+def _driver(hosts: dict[str, int], **kw) -> tuple[ElasticDriver, list[str]]:
+    logs: list[str] = []
+    table = dict(hosts)
+    driver = ElasticDriver(lambda: dict(table), 1, 8, log=logs.append, **kw)
+    driver.table_source = table  # type: ignore[attr-defined] - what discovery prints, changed by the test
+    driver.refresh()
+    return driver, logs
+
+
+def test_workers_of_a_host_that_discovery_drops_are_told_to_leave():
+    """Horovod's semantics: a host no longer listed loses its workers at the next reset; a host listed with
+    fewer slots loses its newest workers; the ranks of the others are kept in order."""
+    driver, logs = _driver({"a": 2, "b": 2})
+    try:
+        members = [["a", "m", 1, 0], ["a", "m", 2, 0], ["b", "m", 3, 0], ["b", "m", 4, 0]]
+        assert driver._world(members) == {"ok": True, "leave": []}  # noqa: SLF001
+        driver.table_source.pop("a")
+        driver.table_source["b"] = 1
+        driver.refresh()
+        assert driver.handle({"op": "poll"})["remove"] == 3
+        reply = driver._world(members)  # noqa: SLF001
+        assert reply == {"ok": True, "leave": [["m", 1], ["m", 2], ["m", 4]]}
+        assert driver.handle({"op": "poll"})["remove"] == 0  # told already: no second interrupt
+        assert driver._world([members[2]]) == {"ok": True, "leave": []}  # noqa: SLF001
+        assert driver.failures == [], "workers that were told to leave did not fail"
+        assert any("3 worker(s) leave at this reset: a (no longer listed by host discovery); b (listed with 1 "
+                   "slot(s) now)" in m for m in logs), logs
+    finally:
+        driver.server.server_close()
+
+
+def test_a_failed_workers_host_is_excluded_and_its_other_workers_leave():
+    driver, logs = _driver({"a": 2, "b": 2})
+    try:
+        driver._world([["a", "m", 1, 0], ["a", "m", 2, 0], ["b", "m", 3, 0], ["b", "m", 4, 0]])  # noqa: SLF001
+        driver.handle({"op": "failed", "host": "a", "real": "m", "pid": 1, "error": "RuntimeError: bad batch"})
+        assert any("worker pid 1 on host a raised RuntimeError: bad batch; a is excluded for the rest of the job"
+                   in m for m in logs), logs
+        reply = driver._world([["a", "m", 2, 1], ["b", "m", 3, 1], ["b", "m", 4, 1]])  # noqa: SLF001
+        assert reply["leave"] == [["m", 2]] and len(driver.failures) == 1  # reported once, not twice
+        assert driver.reset_count == 1
+        # Then one worker of b fails too: every host must leave, and that ends the job clearly.
+        reply = driver._world([["b", "m", 3, 2]])  # noqa: SLF001
+        assert reply["ok"] is False and "every host of the job must leave (b: excluded after a failure)" in \
+            reply["fatal"] and driver.fatal == reply["fatal"]
+    finally:
+        driver.server.server_close()
+
+
+def test_a_job_on_this_machine_alone_keeps_its_survivors():
+    """Without a host list, excluding the only host would end the job at its first failure: the survivors stay,
+    and the host only gets no new workers."""
+    driver, _logs = _driver({"localhost": 3}, keep_survivors=True)
+    try:
+        driver._world([["localhost", "m", 1, 0], ["localhost", "m", 2, 0], ["localhost", "m", 3, 0]])  # noqa: SLF001
+        assert driver._world([["localhost", "m", 1, 1], ["localhost", "m", 2, 1]]) == {"ok": True, "leave": []}  # noqa: SLF001
+        assert driver.table.free_slots() == [] and len(driver.failures) == 1
+    finally:
+        driver.server.server_close()
+
+
+def test_cooldown_grows_like_horovods():
+    """LO * 2**n + U(0, LO), kept within LO..HI; a second worker of a host already cooling down does not
+    extend it."""
+    t = HostTable(cooldown=(1.0, 10.0))
+    t.update({"a": 1})
+    first = t.exclude("a")
+    assert first is not None and 2.0 <= first <= 3.0
+    assert t.exclude("a") <= first  # the same failure's other worker
+    t.excluded["a"] = 0.0  # the cool-down is over
+    second = t.exclude("a")
+    assert second is not None and 4.0 <= second <= 5.0
+    capped = HostTable(cooldown=(1.0, 2.0))
+    capped.update({"a": 1})
+    assert capped.exclude("a") == 2.0
+
+
+def test_driver_records_the_end_of_training_and_horovods_start():
+    driver, _logs = _driver({"a": 2, "b": 2})
+    try:
+        assert driver.initial_assignment(2, 1.0) == ["a", "a", "b", "b"]  # every slot, waited for -np only
+        driver.handle({"op": "done"})
+        assert driver.done
+        driver.forget_world()
+        assert not driver.done
+    finally:
+        driver.server.server_close()
