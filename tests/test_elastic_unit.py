@@ -422,3 +422,22 @@ def test_driver_records_the_end_of_training_and_horovods_start():
         assert not driver.done
     finally:
         driver.server.server_close()
+
+
+def test_driver_tells_a_cut_off_host_by_its_workers_falling_silent():
+    """After a stall, a host whose workers stopped asking the driver well before the others is the cut one (a
+    reachable rank stuck in a reset reports no stall but still polls)."""
+    import time
+
+    driver, _logs = _driver({"n1": 1, "n2": 1, "n3": 1})
+    try:
+        now = time.monotonic()
+        driver.last_seen.update(n1=now, n2=now - 0.8, n3=now - 6.0)
+        assert driver.unreachable(["n1", "n3"]) == ["n3"]
+        assert driver.unreachable(["n1", "n2"]) == []
+        driver.handle({"op": "poll", "real": "n3"})
+        assert driver.unreachable(["n3"]) == []
+        assert driver.lose_hosts(["n3"], "cut off") == ["n3"]
+        assert any("host n3 was lost (cut off); n3 is excluded" in m for m in _logs), _logs
+    finally:
+        driver.server.server_close()

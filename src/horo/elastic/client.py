@@ -65,7 +65,7 @@ def set_new_hosts(hosts: list[str]) -> None:
 def _poller() -> None:
     while True:
         try:
-            reply = _request({"op": "poll"}, timeout=5.0)
+            reply = _request({"op": "poll", "real": socket.gethostname()}, timeout=5.0)
             with _lock:
                 _poll["free"] = int(reply.get("free", 0))
                 _poll["hosts"] = list(reply.get("hosts", []))

@@ -25,6 +25,7 @@ import traceback
 from typing import Any
 
 from .. import core
+from ..core import watchdog
 from ..core.state import state as rt
 from .errors import ElasticError
 
@@ -56,7 +57,8 @@ def depart(leave: list[int], fatal: str | None) -> bool:
 
     me, host, old = core.rank(), client.my_host(), core.size()
     goes = me in leave
-    new = rt.world.Split(MPI.UNDEFINED if goes else 0, me)
+    with watchdog.blocking("splitting off the workers that leave"):
+        new = rt.world.Split(MPI.UNDEFINED if goes else 0, me)
     core.shutdown()
     if goes:
         _log(f"rank {me} on host {host} leaves the job: its host was removed by host discovery or excluded "

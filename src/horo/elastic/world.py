@@ -10,7 +10,7 @@ import os
 import sys
 import time
 
-from ..core import runtime
+from ..core import runtime, watchdog
 from ..core.errors import HoroError, HoroInternalError
 from ..core.fault import horo_comms, is_process_failure, revoke_all
 from ..core.runtime import drop_runtime
@@ -51,7 +51,9 @@ def shrink() -> None:
     drop_runtime()
     t0 = time.perf_counter()
     while True:
-        new = old.Shrink()
+        # Watched like any collective: with a host cut off, the agreement inside Shrink never ends either.
+        with watchdog.blocking("the ULFM shrink after a failure"):
+            new = old.Shrink()
         timings["shrink_s"] = time.perf_counter() - t0
         t1 = time.perf_counter()
         try:
@@ -74,7 +76,8 @@ def agree(ok: bool) -> bool:
     if comm is None:
         return ok
     try:
-        return bool(comm.Agree(int(ok)))
+        with watchdog.blocking("the ULFM agreement after a failure"):
+            return bool(comm.Agree(int(ok)))
     except Exception as exc:
         if not is_process_failure(exc):
             raise

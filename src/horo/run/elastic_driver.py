@@ -170,6 +170,7 @@ class ElasticDriver:
         # Workers told to leave (their host was removed or excluded): their absence is no failure.
         self._leaving: set[tuple[str, int]] = set()
         self.done = False  # rank 0 returned from the elastic function: the job finished
+        self.last_seen: dict[str, float] = {}  # real host -> monotonic time of its workers' last request
         self.reset_count = 0  # the highest reset count the workers reported (they carry it across restarts)
         self._told_remote = False
         self.fatal: str | None = None
@@ -260,6 +261,8 @@ class ElasticDriver:
     # ---- requests from workers -------------------------------------------------------------------
     def handle(self, msg: dict[str, Any]) -> dict[str, Any]:
         op = msg.get("op")
+        if isinstance(msg.get("real"), str):
+            self.last_seen[msg["real"]] = time.monotonic()
         if op == "poll":
             usable = self.table.usable()
             self._note_remote_growth()
@@ -322,6 +325,14 @@ class ElasticDriver:
         wait = self.table.exclude(host)
         self.log(f"{why}; {host} is excluded " + ("for the rest of the job" if wait is None else f"for {wait:.0f} s"))
 
+    def unreachable(self, hosts: list[str], margin: float = 2.5) -> list[str]:
+        """Of ``hosts`` (real names), those whose workers stopped asking well before the others did: after a
+        stall, the ranks of a host cut off the network could not reach this driver either, while the others
+        kept polling (about once a second) until they stopped. Empty when that does not tell them apart."""
+        seen = {h: self.last_seen.get(h, 0.0) for h in hosts}
+        newest = max(self.last_seen.values(), default=0.0)
+        return [h for h, t in seen.items() if t < newest - margin] if newest else []
+
     def forget_world(self) -> None:
         """Between two MPI jobs of one elastic run: the old job's workers are gone, none of them failed."""
         with self.table.lock:
@@ -332,7 +343,7 @@ class ElasticDriver:
             self.done = False
             self._leaving = set()
 
-    def lose_hosts(self, lost: list[str]) -> list[str]:
+    def lose_hosts(self, lost: list[str], why: str = "its Open MPI daemon too") -> list[str]:
         """The MPI job ended because it lost whole hosts (``lost``: MPI host names): record their workers as
         failed, exclude those hosts, and forget the old job's world. Returns the logical hosts excluded."""
         with self.table.lock:
@@ -344,7 +355,7 @@ class ElasticDriver:
                     self._failed.add((real, pid))
                     self.failures.append((time.time(), host, pid))
             for host in sorted(logical):
-                self._exclude(host, f"host {host} was lost (its Open MPI daemon too)")
+                self._exclude(host, f"host {host} was lost ({why})")
         self.forget_world()
         return sorted(logical)
 

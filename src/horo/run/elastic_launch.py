@@ -96,7 +96,7 @@ def _launch(ns: argparse.Namespace, mpiexec: str, base_env: dict[str, str], genv
     with tempfile.TemporaryDirectory(prefix="hororun-") as tmp:
         env["HORORUN_STATUS_DIR"] = tmp
         try:
-            rc = run_job(cmd, env, lost_hosts=lost, hosts=[h for h, _s in hosts])
+            rc = run_job(cmd, env, lost_hosts=lost, hosts=[h for h, _s in hosts], notes=notes)
         except OSError as exc:
             driver.fatal = f"cannot start {mpiexec}: {exc}"
             return 127
@@ -154,6 +154,11 @@ def run_elastic(ns: argparse.Namespace, mpiexec: str, flavor: str, base_env: dic
             lost: list[str] = []
             notes = {}
             rc = _launch(ns, mpiexec, base_env, genv, ssh_command, driver, first, assignment, resets, lost, notes)
+            if notes.get("stalled"):
+                # A cut link: of the hosts none of whose ranks reported the stall, keep those whose workers
+                # also stopped reaching the driver early (a rank stuck in a reset reports nothing, yet polls).
+                lost[:] = [h for h in lost if h not in notes["silent"]] + \
+                    (driver.unreachable(notes["silent"]) or notes["silent"])
             grow = rc == 0 and driver.restart_requested and not lost
             if not grow:
                 why_not = _why_not_restart(driver, rc, lost)
@@ -165,7 +170,9 @@ def run_elastic(ns: argparse.Namespace, mpiexec: str, flavor: str, base_env: dic
             resets = max(resets, driver.reset_count) + 1
             if grow:
                 driver.forget_world()
-            excluded = [] if grow else driver.lose_hosts(lost)
+            why = ("cut off: none of its ranks reported the stall the others did, and its workers stopped reaching "
+                   "hororun" if notes.get("stalled") else "its Open MPI daemon too")
+            excluded = [] if grow else driver.lose_hosts(lost, why)
             if ns.reset_limit is not None and resets > ns.reset_limit:
                 driver.fatal = (f"the job was reset {resets} times, more than --reset-limit allows. Received: "
                                 f"reset_limit={ns.reset_limit}. HINT: raise --reset-limit.")

@@ -240,7 +240,8 @@ def _to_stderr(line: bytes) -> None:
 
 
 def run_job(cmd: list[str], env: dict[str, str], grace: float = 5.0, teardown: float = 10.0,
-            lost_hosts: list[str] | None = None, hosts: list[str] | None = None) -> int:
+            lost_hosts: list[str] | None = None, hosts: list[str] | None = None,
+            notes: dict[str, Any] | None = None) -> int:
     """Run ``cmd`` (an mpiexec line) to completion and return its exit status.
 
     mpiexec gets a session of its own, so a terminal's Ctrl-C reaches only hororun, which forwards
@@ -257,7 +258,8 @@ def run_job(cmd: list[str], env: dict[str, str], grace: float = 5.0, teardown: f
     ``hosts``: the job's hosts; after a stall, those none of whose ranks reported it are named as the likely
     cause. ``lost_hosts``, when given (elastic mode, which restarts the job without them), receives the hosts
     whose launcher daemon the job lost or, after a stall, those silent hosts; only those end the job then
-    (``JobWatch``'s ``proc_failures``), and failures are left to the caller to report.
+    (``JobWatch``'s ``proc_failures``), and failures are left to the caller to report. ``notes``, when
+    given, receives the hosts whose ranks reported a stall (``stalled``) and the silent ones (``silent``).
     """
     prctl = _prctl()
     if prctl is not None:
@@ -319,6 +321,8 @@ def run_job(cmd: list[str], env: dict[str, str], grace: float = 5.0, teardown: f
             reader.join(timeout=2.0)
         watch.merge(out_watch)
     silent = watch.silent(hosts or [])
+    if notes is not None:
+        notes.update(stalled=list(watch.stalled), silent=silent)
     if lost_hosts is not None:
         lost_hosts.extend(h for h in [*watch.lost, *silent] if h not in lost_hosts)
     rc = rc if rc >= 0 else 128 - rc
