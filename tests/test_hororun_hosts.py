@@ -165,3 +165,15 @@ def test_watchdog_ends_a_rank_blocked_past_the_limit(tmp_path):
     assert "horo: error: rank 0 on host" in text and "HORO_STALL_SHUTDOWN_TIME_SECONDS=3" in text, text[-4000:]
     assert "NOT-REACHED" not in text
     assert took < 40, f"took {took:.1f} s"
+
+
+def test_probe_counts_a_refused_connection_as_an_answer():
+    """A host that refuses (RST) is reachable; a name that does not resolve is not judged."""
+    import socket
+
+    from horo.run.reach import Probe
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # bound, not listening: connections are refused
+        assert Probe(["127.0.0.1", "no-such-host.invalid"], timeout=2.0, port=port).silent() == []

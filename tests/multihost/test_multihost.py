@@ -489,13 +489,15 @@ def test_silent_link_cut_ends_the_job(bed, tmp_path, limit, layout, cut):
         set_link(bed, cut, True)
     assert gone_at is not None and gone_at < limit + 3, f"{cut}'s ranks still ran {limit + 10} s after the cut"
     assert rc != 0, out[-6000:]
+    # The reachable ranks' errors reach the launcher. (Not always all of them: once one exits, a peer may end
+    # first by an MPI error or the launcher's kill.)
     reachable = [h.split(":")[0] for h in layout.split(",") if not h.startswith(cut)]
-    for host in reachable:  # their errors reach the launcher
-        assert re.search(rf"horo: error: rank \d on host {host} has been blocked in .* HORO_STALL_SHUTDOWN", out), \
-            out[-6000:]
     named = re.search(r"hororun: error: the job failed: ranks on (.+?) stalled in a collective", out)
-    assert named and sorted(named.group(1).split(", ")) == sorted(reachable), out[-6000:]
-    assert f"no rank on {cut} reported: that host, or the network to it, is the likely cause" in out, out[-6000:]
+    assert named and set(named.group(1).split(", ")) <= set(reachable), out[-6000:]
+    for host in named.group(1).split(", "):
+        assert re.search(rf"horo: error: rank \d on host {host} has been blocked in .* HORO_STALL_SHUTDOWN", out)
+    assert f"; {cut} did not answer a TCP connection attempt from this host and none of its ranks reported: " \
+        "that host, or the network to it, is the likely cause" in out, out[-6000:]
     # The watchdog fires at the limit (checked every limit/10), then hororun's teardown, then its kill.
     assert ended < limit + TEARDOWN_S + 5, f"the job ended {ended:.1f} s after the cut:\n{out[-6000:]}"
     print(f"link cut, limit {limit:g} s, {layout}: {cut}'s ranks gone after {gone_at:.1f} s, job ended after "

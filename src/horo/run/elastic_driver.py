@@ -235,8 +235,9 @@ class ElasticDriver:
             if len(free) >= need:
                 return self.table.claim(min(self.max_np or len(free), len(free)))
             if time.monotonic() >= deadline:
+                what = f"--min-np={self.min_np}" if need == self.min_np else f"-np={need}"
                 raise TimeoutError(
-                    f"only {len(free)} slots were discovered, fewer than {need} (-np/--min-np), for {timeout:g} s "
+                    f"only {len(free)} slots were discovered, fewer than {what}, for {timeout:g} s "
                     f"(--elastic-timeout). Hosts: {self.table.usable() or 'none'}.")
             time.sleep(1.0)
 

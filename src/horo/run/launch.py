@@ -256,7 +256,8 @@ def run_job(cmd: list[str], env: dict[str, str], grace: float = 5.0, teardown: f
 
     Children this process already had (when ``main`` is called from a bigger program) are left alone.
     ``hosts``: the job's hosts; after a stall, those none of whose ranks reported it are named as the likely
-    cause. ``lost_hosts``, when given (elastic mode, which restarts the job without them), receives the hosts
+    cause, narrowed to those that do not answer on the network when some do not (``reach.Probe``).
+    ``lost_hosts``, when given (elastic mode, which restarts the job without them), receives the hosts
     whose launcher daemon the job lost or, after a stall, those silent hosts; only those end the job then
     (``JobWatch``'s ``proc_failures``), and failures are left to the caller to report. ``notes``, when
     given, receives the hosts whose ranks reported a stall (``stalled``) and the silent ones (``silent``).
@@ -283,6 +284,7 @@ def run_job(cmd: list[str], env: dict[str, str], grace: float = 5.0, teardown: f
         reader.start()
     received: list[int] = []
     killed_stuck = False
+    probe = None
 
     def forward(signum: int, _frame: object) -> None:
         received.append(signum)
@@ -307,6 +309,10 @@ def run_job(cmd: list[str], env: dict[str, str], grace: float = 5.0, teardown: f
             if deadline is not None and time.monotonic() > deadline:
                 proc.kill()
             watch.merge(out_watch)
+            if probe is None and hosts and watch.stalled:  # during the teardown wait
+                from horo.run.reach import Probe
+
+                probe = Probe(hosts)
             if watch.failed_at is not None and time.monotonic() > watch.failed_at + teardown:
                 killed_stuck = True
                 proc.kill()
@@ -321,6 +327,9 @@ def run_job(cmd: list[str], env: dict[str, str], grace: float = 5.0, teardown: f
             reader.join(timeout=2.0)
         watch.merge(out_watch)
     silent = watch.silent(hosts or [])
+    cut = [h for h in silent if h in (probe.silent() if probe is not None else [])]
+    if cut:
+        silent = cut  # a host that reported nothing may just have been killed before its line got out
     if notes is not None:
         notes.update(stalled=list(watch.stalled), silent=silent)
     if lost_hosts is not None:
@@ -334,7 +343,9 @@ def run_job(cmd: list[str], env: dict[str, str], grace: float = 5.0, teardown: f
            "killed it" if killed_stuck else "mpiexec exited 0 although it reported a failure" if rc == 0 else
            f"mpiexec exited with status {rc}")
     if watch.stalled:
-        cause = (f"no rank on {', '.join(silent)} reported: that host, or the network to it, is the likely cause"
+        cause = (f"{', '.join(cut)} did not answer a TCP connection attempt from this host and none of its ranks "
+                 "reported: that host, or the network to it, is the likely cause" if cut else
+                 f"no rank on {', '.join(silent)} reported: that host, or the network to it, is the likely cause"
                  if silent else "every host's ranks reported it")
         _to_stderr(f"hororun: error: the job failed: ranks on {', '.join(watch.stalled)} stalled in a collective "
                    f"past HORO_STALL_SHUTDOWN_TIME_SECONDS; {cause}. {why}. HINT: a cut network link or a hung "
