@@ -21,6 +21,7 @@ import os
 import signal
 import socket
 import sys
+import time
 import traceback
 from typing import Any
 
@@ -56,6 +57,7 @@ def depart(leave: list[int], fatal: str | None) -> bool:
     from .runner import _log, _unlink_shared_segments
 
     me, host, old = core.rank(), client.my_host(), core.size()
+    t0 = time.perf_counter()
     goes = me in leave
     with watchdog.blocking("splitting off the workers that leave"):
         new = rt.world.Split(MPI.UNDEFINED if goes else 0, me)
@@ -67,7 +69,8 @@ def depart(leave: list[int], fatal: str | None) -> bool:
         _flush()
         os._exit(0)
     core.init(comm=new)
-    _log(f"rank {me} is now rank {core.rank()} of {core.size()}: {old - core.size()} worker(s) left")
+    _log(f"rank {me} is now rank {core.rank()} of {core.size()}: {old - core.size()} worker(s) left; world "
+         f"re-formed in {(time.perf_counter() - t0) * 1e3:.0f} ms")
     return True
 
 
