@@ -441,3 +441,31 @@ def test_driver_tells_a_cut_off_host_by_its_workers_falling_silent():
         assert any("host n3 was lost (cut off); n3 is excluded" in m for m in _logs), _logs
     finally:
         driver.server.server_close()
+
+
+def test_a_failed_hosts_workers_leave_even_if_its_cooldown_ended_meanwhile():
+    """The others may take longer to re-form than a short cool-down lasts: the excluded host's workers still
+    leave at that reset (Horovod stops them at once)."""
+    driver, logs = _driver({"a": 2, "b": 2}, cooldown=(0.0, 0.0))
+    try:
+        driver._world([["a", "m", 1, 0], ["a", "m", 2, 0], ["b", "m", 3, 0], ["b", "m", 4, 0]])  # noqa: SLF001
+        driver.handle({"op": "failed", "host": "b", "real": "m", "pid": 4, "error": "RuntimeError: x"})
+        assert "b" in driver.table.usable(), "a zero cool-down: b is offered again at once"
+        reply = driver._world([["a", "m", 1, 1], ["a", "m", 2, 1], ["b", "m", 3, 1]])  # noqa: SLF001
+        assert reply["leave"] == [["m", 3]], reply
+        assert any("1 worker(s) leave at this reset: b (excluded after a failure)" in m for m in logs), logs
+    finally:
+        driver.server.server_close()
+
+
+def test_driver_knows_when_every_worker_has_ended():
+    driver, _logs = _driver({"a": 2})
+    try:
+        driver._world([["a", "m", 1, 0], ["a", "m", 2, 0]])  # noqa: SLF001
+        driver.handle({"op": "bye", "real": "m", "pid": 1})
+        driver.handle({"op": "done"})
+        assert driver.ended_at is None
+        driver.handle({"op": "bye", "real": "m", "pid": 2})
+        assert driver.ended_at is not None
+    finally:
+        driver.server.server_close()

@@ -177,3 +177,9 @@ def test_probe_counts_a_refused_connection_as_an_answer():
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]  # bound, not listening: connections are refused
         assert Probe(["127.0.0.1", "no-such-host.invalid"], timeout=2.0, port=port).silent() == []
+
+
+def test_job_watch_in_elastic_mode_still_ends_an_aborted_job():
+    watch = JobWatch(lambda _line: None, proc_failures=False)
+    watch.feed(b"MPI_ABORT was invoked on rank 0 in communicator MPI_COMM_WORLD\n")
+    assert watch.failed_at is not None

@@ -51,9 +51,9 @@ state.register_reset_callbacks([on_reset])
 
 
 def offered_hosts():
-    from horo.elastic import client  # the driver's answer to this worker's last poll
+    from horo.elastic import client
 
-    return sorted(h for h in client.hosts_left().split(", ") if h and h != "none")
+    return sorted(client.refresh().get("hosts", []))  # what hororun's driver offers now
 
 
 class Scenario(keras.callbacks.Callback):

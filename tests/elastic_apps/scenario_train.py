@@ -96,10 +96,9 @@ def maybe_exit(epoch, batch):
 
 
 def offered_hosts():
-    from horo.elastic import client  # the driver's answer to this worker's last poll
+    from horo.elastic import client
 
-    text = client.hosts_left()
-    return sorted(h for h in text.split(", ") if h and h != "none")
+    return sorted(client.refresh().get("hosts", []))  # what hororun's driver offers now
 
 
 def end_of_epoch(state):

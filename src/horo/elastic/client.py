@@ -16,8 +16,8 @@ from .. import core
 from ..run.elastic_proto import BLOB, local_aliases, recv_msg, send_msg
 
 __all__ = ["enabled", "start", "growth_available", "free_slots", "claim_slots", "hosts_left", "report_world",
-           "report_fatal", "report_failed", "report_done", "mpi_host", "set_new_hosts", "my_host", "keeps_state",
-           "keep_state", "request_restart", "wait_kept", "committed_state", "REMOVE"]
+           "report_fatal", "report_failed", "report_done", "report_bye", "mpi_host", "set_new_hosts", "my_host",
+           "keeps_state", "keep_state", "request_restart", "wait_kept", "committed_state", "refresh", "REMOVE"]
 
 #: ``growth_available``'s answer when workers must leave (their host was removed or excluded).
 REMOVE = 3
@@ -108,6 +108,22 @@ def growth_available(size: int) -> int:
     return 1 if free > 0 else 2 if remote > 0 else 0
 
 
+def refresh() -> dict[str, Any]:
+    """Ask the driver now instead of waiting for the background poll; returns its answer (``{}`` if none).
+
+    For a program that must act on what the driver offers at this moment (the poll may be a second old).
+    """
+    try:
+        reply = _request({"op": "poll", "real": socket.gethostname()}, timeout=5.0)
+    except (OSError, ValueError):
+        return {}
+    with _lock:
+        _poll.update(free=int(reply.get("free", 0)), hosts=list(reply.get("hosts", [])),
+                     max_np=int(reply.get("max_np", 0)), remote_free=int(reply.get("remote_free", 0)),
+                     remove=int(reply.get("remove", 0)))
+    return reply
+
+
 def _confirm_removal() -> bool:
     # The background poll may predate the last world report (which already told those workers to leave).
     try:
@@ -185,6 +201,15 @@ def report_failed(error: str) -> None:
                       "error": error}, timeout=5.0)
         except (OSError, ValueError):
             pass  # the workers left report this one missing
+
+
+def report_bye() -> None:
+    """This worker is ending (at the script's end)."""
+    if enabled():
+        try:
+            _request({"op": "bye", "real": socket.gethostname(), "pid": os.getpid()}, timeout=2.0)
+        except (OSError, ValueError):
+            pass
 
 
 def report_done() -> None:

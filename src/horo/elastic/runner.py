@@ -116,7 +116,14 @@ def _exit_without_finalize() -> None:
 
     Open MPI's finalize waits in a job-wide PMIx fence, which (measured here) can wait forever for processes
     that were SIGKILLed earlier. horo's own shutdown still runs first, with the surviving ranks.
+
+    Every worker also tells hororun it is ending: once the whole world has, hororun gives mpiexec a while
+    to finish and then ends it (prterun has been seen to stay after every worker had ended, once workers
+    had failed or left).
     """
+    from . import client
+
+    client.report_bye()
     if not _resets["failures"]:
         return
     try:

@@ -3,121 +3,28 @@
 Workers never ask MPI which hosts exist: the driver keeps its own table of *logical* hosts, named as the
 discovery script (or ``-H``) names them, so ``localhost``, ``127.0.0.1`` and this machine's name are three
 hosts, as in Horovod. Rank 0 of the job asks it (about once a second, over a socket that only accepts
-messages signed with the job's secret) whether there are free slots; after every reset it reports who is
-left, from which the driver learns which workers died and excludes their hosts for a cool-down.
+messages signed with the job's secret) whether there are free slots or workers that must leave; after every
+reset it reports who is left, from which the driver learns which workers died and excludes their hosts for a
+cool-down, and answers which workers leave now (their host was removed from discovery, or excluded). The
+host table itself is in ``horo.run.elastic_hosts``.
 """
 
 from __future__ import annotations
 
 import os
-import random
 import secrets
 import socket
 import socketserver
-import subprocess
 import sys
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
+from horo.run.elastic_hosts import DiscoveryError, HostTable, parse_discovery_output, run_discovery_script
 from horo.run.elastic_proto import BLOB, local_aliases, recv_msg, send_msg
 
 __all__ = ["HostTable", "ElasticDriver", "parse_discovery_output", "run_discovery_script", "DiscoveryError"]
-
-
-class DiscoveryError(ValueError):
-    """The host discovery script failed or printed something that is not ``host:slots`` lines."""
-
-
-def parse_discovery_output(text: str, slots_per_host: int | None, source: str) -> dict[str, int]:
-    """``host[:slots]`` per line -> {host: slots}; a line without slots gets ``--slots-per-host`` (default 1)."""
-    hosts: dict[str, int] = {}
-    for n, raw in enumerate(text.splitlines(), 1):
-        line = raw.split("#", 1)[0].strip()
-        if not line:
-            continue
-        name, _, slots_text = line.partition(":")
-        try:
-            slots = int(slots_text) if slots_text else (slots_per_host or 1)
-        except ValueError:
-            slots = -1
-        if not name or slots < 0:
-            raise DiscoveryError(f"{source} line {n} is not 'host:slots'. Received: {raw!r}. HINT: print lines "
-                                 "like 'localhost:2'.")
-        hosts[name] = slots
-    return hosts
-
-
-def run_discovery_script(script: str, slots_per_host: int | None, timeout: float = 10.0) -> dict[str, int]:
-    try:
-        out = subprocess.run([script], capture_output=True, text=True, timeout=timeout, check=False)
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        raise DiscoveryError(f"cannot run the host discovery script: {exc}. Received: "
-                             f"--host-discovery-script={script!r}. HINT: give an executable file.") from None
-    if out.returncode != 0:
-        raise DiscoveryError(f"the host discovery script exited with {out.returncode}: {out.stderr.strip()[:200]}. "
-                             f"Received: --host-discovery-script={script!r}.")
-    return parse_discovery_output(out.stdout, slots_per_host, f"--host-discovery-script {script!r}")
-
-
-@dataclass
-class HostTable:
-    """Discovered hosts, workers in use per host, and excluded hosts (thread-safe through ``lock``)."""
-
-    cooldown: tuple[float, float] | None = None  # None: a failed host stays excluded (Horovod's default)
-    hosts: dict[str, int] = field(default_factory=dict)
-    in_use: dict[str, int] = field(default_factory=dict)
-    excluded: dict[str, float] = field(default_factory=dict)  # host -> monotonic time it may return
-    times_excluded: dict[str, int] = field(default_factory=dict)
-    lock: threading.RLock = field(default_factory=threading.RLock)
-
-    def update(self, hosts: dict[str, int]) -> None:
-        with self.lock:
-            self.hosts = dict(hosts)
-
-    def usable(self) -> dict[str, int]:
-        now = time.monotonic()
-        with self.lock:
-            for h, until in list(self.excluded.items()):
-                if until <= now:
-                    del self.excluded[h]
-            return {h: s for h, s in self.hosts.items() if h not in self.excluded}
-
-    def free_slots(self, local_only: bool = False) -> list[str]:
-        """One entry per free slot, as its host (discovery order); ``local_only``: on this machine only."""
-        with self.lock:
-            out: list[str] = []
-            for h, s in self.usable().items():
-                if not local_only or h in local_aliases():
-                    out += [h] * max(0, s - self.in_use.get(h, 0))
-            return out
-
-    def claim(self, n: int, local_only: bool = False) -> list[str]:
-        with self.lock:
-            got = self.free_slots(local_only)[:max(0, n)]
-            for h in got:
-                self.in_use[h] = self.in_use.get(h, 0) + 1
-            return got
-
-    def exclude(self, host: str) -> float | None:
-        """Exclude ``host`` after a failure; returns the cool-down in seconds (None: for good).
-
-        The cool-down grows with each exclusion of the same host, as Horovod's does: LO * 2**n plus up to LO
-        at random, kept within LO..HI (``--blacklist-cooldown-range LO HI``).
-        """
-        with self.lock:
-            if self.cooldown is None:
-                self.excluded[host] = float("inf")
-                return None
-            if self.excluded.get(host, 0.0) > time.monotonic():
-                return self.excluded[host] - time.monotonic()  # already cooling down: a second worker of it
-            lo, hi = self.cooldown
-            n = self.times_excluded[host] = self.times_excluded.get(host, 0) + 1
-            wait = max(lo, min(hi, lo * (1 << min(n, 30)) + random.uniform(0.0, 1.0) * lo))
-            self.excluded[host] = time.monotonic() + wait
-            return wait
 
 
 class _Handler(socketserver.BaseRequestHandler):
@@ -169,7 +76,12 @@ class ElasticDriver:
         self._failed: set[tuple[str, int]] = set()  # (real host, pid) of every failure recorded
         # Workers told to leave (their host was removed or excluded): their absence is no failure.
         self._leaving: set[tuple[str, int]] = set()
+        # Workers of a host excluded after a failure: they leave at the next reset even if the host's cool-down
+        # is over by then (Horovod stops them at once; here they leave when the others re-form the world).
+        self._evict: set[tuple[str, int]] = set()
         self.done = False  # rank 0 returned from the elastic function: the job finished
+        self._bye: set[tuple[str, int]] = set()  # workers that are ending (at their script's end)
+        self.ended_at: float | None = None  # when the whole world had said so, after the training finished
         self.last_seen: dict[str, float] = {}  # real host -> monotonic time of its workers' last request
         self.reset_count = 0  # the highest reset count the workers reported (they carry it across restarts)
         self._told_remote = False
@@ -254,7 +166,7 @@ class ElasticDriver:
                 count[host] = count.get(host, 0) + 1
             out = []
             for key, host in reversed(list(self.members.items())):  # newest (highest rank) first
-                if count[host] > room.get(host, 0):
+                if count[host] > room.get(host, 0) or key in self._evict:
                     out.append(key)
                     count[host] -= 1
             return out[::-1]
@@ -289,6 +201,12 @@ class ElasticDriver:
             return {"ok": True}
         if op == "done":
             self.done = True
+            return {"ok": True}
+        if op == "bye":
+            with self.table.lock:
+                self._bye.add((str(msg.get("real", "?")), int(msg.get("pid", 0))))
+                if self.done and self.ended_at is None and set(self.members) <= self._bye:
+                    self.ended_at = time.monotonic()
             return {"ok": True}
         if op == "fatal":
             self.fatal = str(msg.get("message", "fatal error"))
@@ -343,6 +261,9 @@ class ElasticDriver:
             self.restart_requested = False
             self.done = False
             self._leaving = set()
+            self._evict = set()
+            self._bye = set()
+            self.ended_at = None
 
     def lose_hosts(self, lost: list[str], why: str = "its Open MPI daemon too") -> list[str]:
         """The MPI job ended because it lost whole hosts (``lost``: MPI host names): record their workers as
@@ -367,6 +288,8 @@ class ElasticDriver:
             self._failed.add((real, pid))
             self.failures.append((time.time(), host, pid))
             self._exclude(host, why)
+            if not self.keep_survivors:
+                self._evict.update(k for k, h in self.members.items() if h == host and k != (real, pid))
 
     def _world(self, members: list[list[Any]]) -> dict[str, Any]:
         """Rank 0's report of who is in the world now (``[host, real host, pid, resets]`` per rank, in rank
@@ -380,6 +303,7 @@ class ElasticDriver:
                 if (real, pid) not in now and (real, pid) not in self._leaving:
                     self._record_failure(real, pid, host, f"worker pid {pid} on host {host} failed")
             self._leaving &= set(now)
+            self._evict &= set(now)
             changed = now != self.members
             self.members = now
             counts: dict[str, int] = {}
@@ -389,11 +313,12 @@ class ElasticDriver:
             leave = self.leavers()
             self._leaving.update(leave)
             usable = self.table.usable()
+            evicted = {now[k] for k in leave if k in self._evict} | set(self.table.excluded)
         if changed:
             self.log(f"world now has {len(now)} worker(s): {sorted(counts.items())}")
         if not leave:
             return {"ok": True, "leave": []}
-        why = {h: "excluded after a failure" if h in self.table.excluded else
+        why = {h: "excluded after a failure" if h in evicted else
                "no longer listed by host discovery" if h not in usable else f"listed with {usable[h]} slot(s) now"
                for h in {now[k] for k in leave}}
         if len(leave) == len(now):

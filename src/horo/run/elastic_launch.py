@@ -96,7 +96,8 @@ def _launch(ns: argparse.Namespace, mpiexec: str, base_env: dict[str, str], genv
     with tempfile.TemporaryDirectory(prefix="hororun-") as tmp:
         env["HORORUN_STATUS_DIR"] = tmp
         try:
-            rc = run_job(cmd, env, lost_hosts=lost, hosts=[h for h, _s in hosts], notes=notes)
+            rc = run_job(cmd, env, lost_hosts=lost, hosts=[h for h, _s in hosts], notes=notes,
+                         ended=lambda: driver.ended_at)
         except OSError as exc:
             driver.fatal = f"cannot start {mpiexec}: {exc}"
             return 127

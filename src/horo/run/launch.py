@@ -149,6 +149,9 @@ _HOST = re.compile(rb"(?:Remote host:\s*|on node\s+|on host\s+)([A-Za-z0-9_.\-]+
 # with a remote daemon" ... "Remote daemon: [prterun-...@0,2] on node node3", or "A daemon failed to report
 # back after being spawned" ... "Remote host: node3" (also for a daemon that died mid-job).
 _DAEMON_LOST = re.compile(rb"lost communication with a remote daemon|daemon failed to report back")
+# A rank aborting the whole job: the job is to end, in elastic mode too (prterun was seen to stay, after an
+# abort by a worker that had been spawned into the world).
+_ABORT = re.compile(rb"MPI_ABORT was invoked")
 _DAEMON_HOST = re.compile(rb"(?:Remote daemon:.*?on node\s+|Remote host:\s*)([A-Za-z0-9_.\-]+)")
 # horo's stall watchdog (core/watchdog.py), printed by a rank before it exits. It counts as a failure by
 # itself: when the launcher's own host runs ranks, prterun reports nothing of their exit while a remote
@@ -162,7 +165,7 @@ class JobWatch:
 
     ``proc_failures``: whether a process that failed or ended early counts (not in elastic mode: under
     ULFM the job survives it, and workers that leave end without ``MPI_Finalize`` on purpose, which
-    prterun reports as improper; only a lost daemon or a stall ends such a job).
+    prterun reports as improper; only a lost daemon, an ``MPI_Abort`` or a stall ends such a job).
     """
 
     def __init__(self, sink: Callable[[bytes], None], proc_failures: bool = True) -> None:
@@ -181,7 +184,7 @@ class JobWatch:
             host = stall.group(1).decode(errors="replace").rstrip(".")
             if host not in self.stalled:
                 self.stalled.append(host)
-        failed = _FAILURE.search(line) and (self.proc_failures or _DAEMON_LOST.search(line))
+        failed = _FAILURE.search(line) and (self.proc_failures or _DAEMON_LOST.search(line) or _ABORT.search(line))
         if (stall or failed) and self.failed_at is None:
             self.failed_at = time.monotonic()
         if stall:
@@ -241,7 +244,7 @@ def _to_stderr(line: bytes) -> None:
 
 def run_job(cmd: list[str], env: dict[str, str], grace: float = 5.0, teardown: float = 10.0,
             lost_hosts: list[str] | None = None, hosts: list[str] | None = None,
-            notes: dict[str, Any] | None = None) -> int:
+            notes: dict[str, Any] | None = None, ended: Callable[[], float | None] | None = None) -> int:
     """Run ``cmd`` (an mpiexec line) to completion and return its exit status.
 
     mpiexec gets a session of its own, so a terminal's Ctrl-C reaches only hororun, which forwards
@@ -261,6 +264,8 @@ def run_job(cmd: list[str], env: dict[str, str], grace: float = 5.0, teardown: f
     whose launcher daemon the job lost or, after a stall, those silent hosts; only those end the job then
     (``JobWatch``'s ``proc_failures``), and failures are left to the caller to report. ``notes``, when
     given, receives the hosts whose ranks reported a stall (``stalled``) and the silent ones (``silent``).
+    ``ended``, when given, returns when every rank said it was ending (else None): mpiexec then gets
+    ``teardown`` seconds to finish before it is ended.
     """
     prctl = _prctl()
     if prctl is not None:
@@ -315,6 +320,9 @@ def run_job(cmd: list[str], env: dict[str, str], grace: float = 5.0, teardown: f
                 probe = Probe(hosts)
             if watch.failed_at is not None and time.monotonic() > watch.failed_at + teardown:
                 killed_stuck = True
+                proc.kill()
+            end = ended() if ended is not None else None
+            if end is not None and time.monotonic() > end + teardown:
                 proc.kill()
     finally:
         for sig, handler in previous.items():
