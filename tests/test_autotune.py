@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from horo.core.autotune import LOG_COLUMNS, Knobs, Search, explicit_knobs, read_options
-from horo.core.autotune.search import CONFIRM_ROUNDS, CONTINUOUS, FINALISTS, from_unit, load_gp
+from horo.core.scheduling.autotune import LOG_COLUMNS, Knobs, Search, explicit_knobs, read_options
+from horo.core.scheduling.autotune.search import CONFIRM_ROUNDS, CONTINUOUS, FINALISTS, from_unit, load_gp
 from horo.run.args import UsageError, parse_args
 
 SCRIPTS = Path(__file__).resolve().parent / "scripts"

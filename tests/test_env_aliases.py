@@ -1,6 +1,6 @@
 """Horovod's variable names (``HOROVOD_FUSION_THRESHOLD``, ...) work unchanged as aliases of ``HORO_*``.
 
-Unit tests of the mapping in ``horo.core.config``, then real jobs through ``hororun`` at 1, 2 and 3 ranks
+Unit tests of the mapping in ``horo.core.base.config``, then real jobs through ``hororun`` at 1, 2 and 3 ranks
 whose launch line uses only Horovod's names: the engine reports the threshold it runs with, and the
 timeline (itself asked for by ``HOROVOD_TIMELINE``) shows no fused call larger than that threshold allows.
 """
@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from horo.core import config as cfg
+from horo.core.base import config as cfg
 
 SCRIPT = Path(__file__).resolve().parent / "scripts" / "env_aliases.py"
 JOB_TIMEOUT = 120.0

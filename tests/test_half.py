@@ -1,10 +1,10 @@
-"""horo.core.half: float16 <-> float32 conversions equal numpy's, bit for bit, on every input class."""
+"""horo.core.base.half: float16 <-> float32 conversions equal numpy's, bit for bit, on every input class."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from horo.core.half import to_float16, to_float32
+from horo.core.base.half import to_float16, to_float32
 
 
 def test_to_float32_every_float16_bit_pattern() -> None:

@@ -3,7 +3,7 @@ fallback sum's, are in tests/mpi/test_allreduce.py and tests/test_mpi_jobs.py: M
 
 from __future__ import annotations
 
-from horo.core import mpi_env
+from horo.core.transport import mpi_env
 
 
 def test_leaves_out_open_mpis_saturating_avx_reductions() -> None:

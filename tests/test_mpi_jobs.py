@@ -104,7 +104,7 @@ def test_stall_is_reported_not_hung(tmp_path):
         import time
         import numpy as np
         import horo
-        from horo.core.errors import StallError
+        from horo.core.base.errors import StallError
         horo.init()
         if horo.rank() == 0:
             try:
@@ -212,7 +212,7 @@ _SMALL_INT_SUMS_SCRIPT = """
             lo, hi = [int(v) for v in np.cumsum([0] + [len(c) for c in np.array_split(x, n)])[horo.rank():][:2]]
             if not (all(np.array_equal(g, want) for g in got[:3]) and np.array_equal(got[3], want[lo:hi])):
                 bad.append((np.dtype(dtype).name, length))
-    from horo.core import mpi_ops
+    from horo.core.transport import mpi_ops
 
     print("RANK", horo.rank(), "BAD", bad, "WRAPPED_BY_HORO", bool(mpi_ops._SMALL_INT_SUM), flush=True)
 """

@@ -1,4 +1,4 @@
-"""CPU unit tests of the NCCL / GPU layer (horo.core.nccl, device, backends.gpu, the operand checks).
+"""CPU unit tests of the NCCL / GPU layer (horo.core.transport.nccl, device, backends.gpu, the operand checks).
 
 Only pure functions and the CPU branches of the staging helpers are tested here: no GPU, no MPI job and no
 fake collectives. The GPU paths are exercised by tests/gpu/test_nccl_gpu.py on a CUDA machine.
@@ -14,11 +14,13 @@ import textwrap
 import numpy as np
 import pytest
 
-from horo.core import backends, checks, collectives, device, mpi_ops, nccl, signatures
-from horo.core.backends import gpu as gpu_backend
-from horo.core.backends import host as host_backend
-from horo.core.dtypes import BFLOAT16, SUPPORTED_DTYPES
-from horo.core.ops import Adasum, Average, Max, Min, Product, Sum
+from horo.core.api import backends, checks, collectives
+from horo.core.api.backends import gpu as gpu_backend
+from horo.core.api.backends import host as host_backend
+from horo.core.base.dtypes import BFLOAT16, SUPPORTED_DTYPES
+from horo.core.base.ops import Adasum, Average, Max, Min, Product, Sum
+from horo.core.scheduling import signatures
+from horo.core.transport import device, mpi_ops, nccl
 
 ml_dtypes = pytest.importorskip("ml_dtypes")
 
@@ -335,7 +337,7 @@ def test_copy_back_and_to_device_like_torch() -> None:
 
 
 def test_staging_is_announced_once(caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(device, "_staging_noted", False)
+    monkeypatch.setattr(device.staging, "_staging_noted", False)
     with caplog.at_level("WARNING", logger="horo"):
         assert device.note_staging("test reason") is True
         assert device.note_staging("again") is False
@@ -384,7 +386,7 @@ def test_the_core_has_no_device_twins() -> None:
     import horo.core as core
 
     assert not hasattr(core, "device_collectives")
-    for mod in (collectives, core.async_ops):
+    for mod in (collectives, core.api.async_ops):
         assert not [n for n in vars(mod) if n.startswith("device_")], mod.__name__
 
 
@@ -392,7 +394,7 @@ def test_device_signature_marker() -> None:
     meta = device.DeviceMeta(np.dtype(np.float32), (2,))
     sig = signatures.allreduce_sig(meta, "g", Average, 1.0, 1.0)
     assert signatures.is_device_signature(sig)
-    host_sig = collectives.allreduce_sig(np.zeros(2, np.float32), "g", Average, 1.0, 1.0)
+    host_sig = signatures.allreduce_sig(np.zeros(2, np.float32), "g", Average, 1.0, 1.0)
     assert not signatures.is_device_signature(host_sig)
     assert sig[:-1] == host_sig  # same fields as the host op, plus device=cuda
 
@@ -401,8 +403,8 @@ def test_imports_and_errors_without_cupy() -> None:
     code = textwrap.dedent("""
         import sys
         sys.modules["cupy"] = None  # as if the nccl extra were not installed
-        from horo.core import device, nccl
-        from horo.core.backends import gpu
+        from horo.core.transport import device, nccl
+        from horo.core.api.backends import gpu
         assert device.cupy_or_none() is None
         try:
             nccl.load_cupy()
@@ -414,7 +416,7 @@ def test_imports_and_errors_without_cupy() -> None:
             device.to_device_view(object(), what="horo.allreduce")
         except TypeError as exc:
             assert "HINT" in str(exc) and "horo.allreduce" in str(exc), exc
-        info = nccl._local_capability(None)
+        info = nccl.local_capability(None)
         assert info["ok"] is False and info["why"], info
         print("ok")
     """)

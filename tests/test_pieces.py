@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from horo.core.pieces import PIECES, WHOLE, Chooser, in_window
+from horo.core.scheduling.pieces import PIECES, WHOLE, Chooser, in_window
 
 
 def _run(chooser: Chooser, times: dict[int, float], calls: int) -> list[int]:

@@ -24,10 +24,10 @@ def run_checks(to_dev: Callable[[np.ndarray], Arr], to_host: Callable[[Arr], np.
                is_dev: Callable[[Arr], bool], dtypes: list[np.dtype], expect_mode: str) -> list[str]:
     """All checks; returns this rank's failures. horo must be initialised."""
     import horo
-    from horo.core import collectives as C
-    from horo.core import nccl as N
-    from horo.core.dtypes import BFLOAT16
-    from horo.core.process_sets import global_process_set
+    from horo.core.api import collectives as C
+    from horo.core.api.process_sets import global_process_set
+    from horo.core.base.dtypes import BFLOAT16
+    from horo.core.transport import nccl as N
 
     n, me = horo.size(), horo.rank()
     rng = np.random.default_rng(7 + me)
@@ -156,7 +156,7 @@ def run_checks(to_dev: Callable[[np.ndarray], Arr], to_host: Callable[[Arr], np.
 
 
 def _framework(kind: str) -> tuple[Any, Any, Any, list[np.dtype]]:
-    from horo.core.dtypes import BFLOAT16, SUPPORTED_DTYPES
+    from horo.core.base.dtypes import BFLOAT16, SUPPORTED_DTYPES
 
     if kind == "cupy":
         import cupy
@@ -171,7 +171,7 @@ def _framework(kind: str) -> tuple[Any, Any, Any, list[np.dtype]]:
         return to_dev, cupy.asnumpy, lambda x: isinstance(x, cupy.ndarray), dtypes
     import torch
 
-    from horo.core import device
+    from horo.core.transport import device
 
     dev = torch.device("cuda", device.default_device())
 
@@ -193,7 +193,7 @@ def main(argv: list[str]) -> int:
     import cupy
 
     import horo
-    from horo.core import device
+    from horo.core.transport import device
 
     horo.init()
     cupy.cuda.Device(device.default_device()).use()

@@ -38,7 +38,7 @@ if GPUS == 0:
 
 
 def _nccl_loadable() -> bool:
-    from horo.core import nccl
+    from horo.core.transport import nccl
 
     try:
         nccl.load_cupy()

@@ -38,8 +38,8 @@ def main(argv: list[str]) -> int:
     expect = argv[0]
     import horo
     import horo.torch as hvd
-    from horo.core import nccl
-    from horo.core.process_sets import global_process_set
+    from horo.core.api.process_sets import global_process_set
+    from horo.core.transport import nccl
 
     hvd.init()
     n, me = hvd.size(), hvd.rank()
@@ -157,27 +157,27 @@ def main(argv: list[str]) -> int:
             pass
 
     # A burst of async allreduces, all pending in one round: they run as NCCL groups, one per reduction
-    # (backends.gpu._run_allreduces), in place and out of place, dtypes mixed.
-    from horo.core.backends import gpu as gpu_backend
+    # (backends.gpu.ops.Allreduce.run_batch), in place and out of place, dtypes mixed.
+    from horo.core.api.backends.gpu import ops as gpu_ops
 
     groups: list[int] = []
-    plain_run = gpu_backend._run_allreduces
+    plain_run = gpu_ops.Allreduce.__dict__["run_batch"]
 
-    def counting(comm: Any, reqs: Any) -> Any:
-        groups.append(len(reqs))
-        return plain_run(comm, reqs)
+    def counting(cls: Any, comm: Any, ops: Any) -> Any:
+        groups.append(len(ops))
+        return plain_run.__func__(cls, comm, ops)
 
     xs = [data(dt) for dt in (torch.float32, torch.float16, torch.int32, torch.bfloat16) for _ in range(4)]
     want_burst = [hvd.allreduce(x, op=hvd.Sum, name=f"burst.cpu.{i}") for i, x in enumerate(xs)]
     gs = [x.to(dev) for x in xs]
-    gpu_backend._run_allreduces = counting
+    gpu_ops.Allreduce.run_batch = classmethod(counting)
     try:
         with global_process_set.engine.round_lock:  # the engine thread starts no round until all are in
             hs = [(hvd.allreduce_async_ if i % 2 else hvd.allreduce_async)(g, op=hvd.Sum, name=f"burst.{i}")
                   for i, g in enumerate(gs)]
         got_burst, copies = host_copies(lambda: [hvd.synchronize(h) for h in hs])
     finally:
-        gpu_backend._run_allreduces = plain_run
+        gpu_ops.Allreduce.run_batch = plain_run
     for i, (g, w) in enumerate(zip(got_burst, want_burst)):
         compare(f"burst {i}", g, w)
         if i % 2 and g is not gs[i]:

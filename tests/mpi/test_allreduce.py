@@ -310,7 +310,7 @@ def test_the_fallback_sum_wraps_around_like_numpy(hvd):
     # horo's own sum for jobs whose MPI was started with Open MPI's saturating op/avx (core/mpi_env.py).
     from mpi4py import MPI
 
-    from horo.core import mpi_env
+    from horo.core.transport import mpi_env
 
     op = mpi_env.wrapping_sum(MPI)
     try:

@@ -180,7 +180,7 @@ def test_many_unnamed_async(hvd, world, rank):
 def test_names_that_waited_for_a_peer_leave_no_bookkeeping(hvd, world, rank):
     """The stall inspector's per-name records end with the wait: unnamed ops (a new name each) that waited
     for a late rank in some rounds must not pile up in the engine, whether or not a timeline records."""
-    from horo.core.process_sets import global_process_set
+    from horo.core.api.process_sets import global_process_set
 
     eng = global_process_set.engine
     inspect, waited = eng._inspect, []
@@ -227,8 +227,8 @@ def test_synchronize_unknown_handle_raises(hvd):
 def test_a_deferred_submission_starts_without_synchronize(hvd, world, rank):
     """While callers run their own rounds, a submission leaves the engine thread asleep (engine.submit).
     The engine must still start that op by itself within its grace period, not at the idle tick."""
-    from horo.core import engine
-    from horo.core.process_sets import global_process_set
+    from horo.core.api.process_sets import global_process_set
+    from horo.core.scheduling import request
 
     eng = global_process_set.engine
     saved = eng.idle_s
@@ -244,7 +244,7 @@ def test_a_deferred_submission_starts_without_synchronize(hvd, world, rank):
         time.sleep(0.2)  # the engine thread re-parks under the new tick
         first = hvd.allreduce_async(np.full(3, rank + 1.0), op=hvd.Sum, name="defer.first")
         deferred = eng.deferred_since is not None
-        req = engine._get(first)
+        req = request.get(first)
         deadline = time.monotonic() + 5.0
         while not req.done.is_set() and time.monotonic() < deadline:
             time.sleep(0.001)  # neither poll() nor synchronize(): both would start the op themselves
@@ -296,7 +296,7 @@ def _few_timed_waits(hvd, world, rank, name, make_counting, finish, late_s):
     to ``finish``; ``make_counting(eng)`` wraps the engine's condition to count the waits of interest.
     Checks the sums, and that in all trials but one (a busy machine may take the core from a rank for longer
     than a spin) no counted wait happened."""
-    from horo.core.process_sets import global_process_set
+    from horo.core.api.process_sets import global_process_set
 
     eng = global_process_set.engine
     x = np.zeros(8)
@@ -343,7 +343,7 @@ def _waits_with_a_waiter(eng):
 
 def test_a_caller_running_the_round_polls_through_a_peer_a_few_ms_late(hvd, world, rank):
     """A caller in synchronize() that runs the round itself polls while a peer is a few ms late
-    (engine._HELP_SPIN_S) instead of sleeping in the back-off: the late wake-up skewed the next transfer,
+    (engine.waiting._HELP_SPIN_S) instead of sleeping in the back-off: the late wake-up skewed the next transfer,
     and between hosts at 1 Gbit/s back-to-back 4 MiB async ops took 37-39 ms against raw MPI's 35.1."""
     caller = threading.get_ident()
     # The last rank is 2 ms late, as after a transfer it finished last.
@@ -355,8 +355,8 @@ def test_a_submission_during_an_idle_round_is_seen_at_once(hvd, world, rank):
     """A submission made while the engine thread waits in an idle round (one rank ticked, the others not
     yet) must cut that round's slow polling short, even when its caller ran the last round itself: the
     deferral left it to the next poll, a whole cycle later."""
-    from horo.core import engine
-    from horo.core.process_sets import global_process_set
+    from horo.core.api.process_sets import global_process_set
+    from horo.core.scheduling import request
 
     eng = global_process_set.engine
     saved = eng.idle_s
@@ -376,7 +376,7 @@ def test_a_submission_during_an_idle_round_is_seen_at_once(hvd, world, rank):
         with eng.cv:  # as after a caller ran the last round just now
             eng.helped, eng.helped_at = True, time.monotonic()
         handle = hvd.allreduce_async(np.full(2, rank + 1.0), op=hvd.Sum, name="tick.op")
-        req = engine._get(handle)
+        req = request.get(handle)
         deadline = time.monotonic() + 5.0
         while not req.done.is_set() and time.monotonic() < deadline:
             time.sleep(0.001)  # neither poll() nor synchronize(): both would start the op themselves
@@ -395,7 +395,7 @@ def test_a_submission_during_an_idle_round_is_seen_at_once(hvd, world, rank):
 def test_the_engine_thread_polls_fast_once_a_caller_waits_for_its_round(hvd, world, rank):
     """The engine thread runs the round (started by poll()), backs off while a peer is late, and then a
     caller waits in synchronize(): from then on the engine thread polls without sleeping, as the caller
-    itself would (engine.Engine._poll_fast), instead of going on with its back-off."""
+    itself would (engine.waiting.Waiting._poll_fast), instead of going on with its back-off."""
     # The caller comes 1 ms after poll(): past the engine thread's short spin, into its back-off.
     _few_timed_waits(hvd, world, rank, "waited.round", _waits_with_a_waiter, _engine_runs_it(hvd, 0.001), 0.004)
 
@@ -417,7 +417,7 @@ class _SlowToLock(_CountingCondition):
 def test_a_caller_that_starts_waiting_between_two_polls_is_not_missed(hvd, world, rank):
     """The engine thread polls a round outside its condition and then waits on it; a caller that
     starts waiting in between (its notify then finds nobody waiting) must still end the back-off
-    (engine.Engine._stir). Before, the thread slept on through the caller's wait."""
+    (engine.Engine.stir). Before, the thread slept on through the caller's wait."""
     _few_timed_waits(hvd, world, rank, "stirred.round", lambda eng: _SlowToLock(_waits_with_a_waiter(eng), eng, 0.002),
                      _engine_runs_it(hvd, 0.003), 0.008)
 
@@ -425,7 +425,7 @@ def test_a_caller_that_starts_waiting_between_two_polls_is_not_missed(hvd, world
 def test_submit_then_synchronize_of_one_cached_op_runs_its_round_alone(hvd, world, rank):
     """The steady state (one cached name pending, no flag) takes the engine's short round; its results are
     those of the general one."""
-    from horo.core.process_sets import global_process_set
+    from horo.core.api.process_sets import global_process_set
 
     eng = global_process_set.engine
     x = np.zeros(1000, np.float32)
@@ -450,7 +450,7 @@ def test_a_lone_op_meets_ranks_with_more_pending(hvd, world, rank):
     """Rank 0 runs a cached name alone while the others also have a second one pending: its short round sees
     their different headers and falls back to the general one, which runs the first name and leaves the second
     waiting, with the right values."""
-    from horo.core.process_sets import global_process_set
+    from horo.core.api.process_sets import global_process_set
 
     eng = global_process_set.engine
     a, b = np.full(5, rank + 1.0), np.full(3, 10.0 * (rank + 1))

@@ -270,7 +270,7 @@ def test_join_returns_the_last_joiner_after_async_allreduces(hvd, world, rank, m
 def test_non_allreduce_while_a_rank_is_joined_raises_on_callers_only(hvd, world, rank, multi):
     """While rank `hi` is joined, allgather / broadcast (sync and async) raise MismatchError on the calling
     ranks only; `hi`'s join() completes with the same result as everyone's, and the job goes on."""
-    from horo.core.errors import MismatchError
+    from horo.core.base.errors import MismatchError
 
     hi = world - 1
     errors: list = []

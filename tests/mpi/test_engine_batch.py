@@ -1,6 +1,7 @@
-"""Requests with a ``batch_key`` (engine.Request): those ready in one round run together through ``run_batch``.
+"""Prepared operations with a ``batch_key`` (transport.prepared.Prepared): those ready in one round run together
+through their class's ``run_batch``.
 
-GPU allreduces use this to run as one NCCL group (backends.gpu._run_allreduces, checked on a GPU by
+GPU allreduces use this to run as one NCCL group (backends.gpu.ops.Allreduce.run_batch, checked on a GPU by
 tests/gpu/torch_checks.py). Here the engine's part runs on host arrays, at any world size.
 """
 
@@ -11,9 +12,10 @@ from mpi4py import MPI
 
 
 def test_a_round_runs_equal_batch_keys_together(hvd, world, rank):
-    from horo.core import engine
-    from horo.core.collectives import allreduce_sig
-    from horo.core.process_sets import global_process_set
+    from horo.core.base.state import global_process_set
+    from horo.core.scheduling import request
+    from horo.core.scheduling.signatures import allreduce_sig
+    from horo.core.transport.prepared import Prepared
 
     eng = global_process_set.engine
     groups: list[list[str]] = []
@@ -24,9 +26,18 @@ def test_a_round_runs_equal_batch_keys_together(hvd, world, rank):
         comm.Allreduce(MPI.IN_PLACE, out, op=MPI.SUM)
         return out
 
-    def run_batch(comm: MPI.Comm, reqs: list[engine.Request]) -> list[np.ndarray]:
-        groups.append([r.name for r in reqs])
-        return [reduce(comm, r.send) for r in reqs]
+    class Op(Prepared):
+        def __init__(self, name: str, arr: np.ndarray, key: str | None) -> None:
+            self.name, self.arr, self.batch_key = name, arr, key
+
+        def run(self, comm: MPI.Comm) -> np.ndarray:
+            alone.append(self.name)
+            return reduce(comm, self.arr)
+
+        @classmethod
+        def run_batch(cls, comm: MPI.Comm, ops: list[Op]) -> list[np.ndarray]:  # type: ignore[override]
+            groups.append([op.name for op in ops])
+            return [reduce(comm, op.arr) for op in ops]
 
     keys = ["A", "A", "B", "B", "A", None]  # names batch.0..5 run in this (sorted) order everywhere
     hs = []
@@ -34,14 +45,8 @@ def test_a_round_runs_equal_batch_keys_together(hvd, world, rank):
         for i, key in enumerate(keys):
             arr = np.full(3, float(rank + i))
             name = f"batch.{i}"
-
-            def run(comm: MPI.Comm, arr: np.ndarray = arr, name: str = name) -> np.ndarray:
-                alone.append(name)
-                return reduce(comm, arr)
-
-            req = engine.Request(name, allreduce_sig(arr, name, hvd.Sum, 1.0, 1.0), run, send=arr,
-                                 batch_key=key, run_batch=run_batch)
-            hs.append(engine.submit(eng, req))
+            req = request.Request(name, allreduce_sig(arr, name, hvd.Sum, 1.0, 1.0), Op(name, arr, key))
+            hs.append(request.submit(eng, req))
     results = [hvd.synchronize(h) for h in hs]
     for i, res in enumerate(results):
         assert np.array_equal(res, np.full(3, float(sum(r + i for r in range(world))))), (i, res)

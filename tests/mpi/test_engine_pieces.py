@@ -29,7 +29,7 @@ class _Scripted:
 
 @pytest.fixture
 def scripted(hvd, rank):
-    from horo.core.process_sets import global_process_set
+    from horo.core.api.process_sets import global_process_set
 
     eng = global_process_set.engine
     sync_comm().Barrier()  # nothing pending anywhere: no round in flight executes a buffer meanwhile
@@ -43,7 +43,7 @@ def scripted(hvd, rank):
 
 
 def _forms():
-    from horo.core.pieces import PIECES, WHOLE
+    from horo.core.scheduling.pieces import PIECES, WHOLE
 
     return [WHOLE, PIECES, WHOLE, WHOLE, PIECES, PIECES]
 
@@ -91,7 +91,7 @@ def test_fused_buffers_follow_it_too(hvd, world, rank, scripted):
 
 @pytest.mark.usefixtures("multi")
 def test_a_joined_rank_follows_it(hvd, world, rank, scripted):
-    from horo.core.pieces import WHOLE
+    from horo.core.scheduling.pieces import WHOLE
 
     n = (1 << 20) // 8
     outs = []

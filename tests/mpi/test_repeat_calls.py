@@ -23,7 +23,7 @@ def _twice(call):
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64, np.int32, np.int64])
 def test_repeat_calls_give_exact_results(hvd, world, rank, dtype):
-    from horo.core import repeat
+    from horo.core.api import repeat
 
     for step in range(4):
         x = np.full(5, rank + step, dtype=dtype)
@@ -119,7 +119,7 @@ _CHILD = textwrap.dedent(
     """
     import numpy as np
     import horo
-    from horo.core.errors import NotInitializedError
+    from horo.core.base.errors import NotInitializedError
 
     x = np.arange(4, dtype=np.float32)
     for _ in range(2):
@@ -152,7 +152,7 @@ def test_repeat_calls_after_shutdown_and_init(hvd, rank):
 
 @pytest.mark.parametrize("dtype", [np.float32, np.int64])
 def test_repeat_async_calls_give_exact_results(hvd, world, rank, dtype):
-    from horo.core import repeat
+    from horo.core.api import repeat
 
     for step in range(4):
         x = np.full(5, rank + step, dtype=dtype)
@@ -240,8 +240,8 @@ class _Scripted:
 def small_chunks():
     """128 KiB pieces on every rank, so that a 2 MiB array lies in the chosen window (8-32 pieces); no call
     remembered before or after (entries keep the decisions made with the chunk size of their time)."""
-    from horo.core import repeat
-    from horo.core.config import config
+    from horo.core.api import repeat
+    from horo.core.base.config import config
 
     before = config["HORO_CHUNK_BYTES"]
     config["HORO_CHUNK_BYTES"] = float(128 << 10)
@@ -253,7 +253,7 @@ def small_chunks():
 
 def _script(inplace, arr, forms):
     """Make ``arr``'s remembered call (made once first) propose ``forms`` on the first rank."""
-    from horo.core import repeat
+    from horo.core.api import repeat
 
     k = repeat.key(inplace, arr, None, None, _SUM[0], 1.0, 1.0, None)
     entry = repeat._SEEN[k]
@@ -269,7 +269,7 @@ _SUM: list = []
 @pytest.mark.usefixtures("small_chunks")
 def test_a_chosen_form_gives_exact_results_on_every_rank(hvd, world, rank):
     """The first rank switches between one call and pieces every call; every rank follows it."""
-    from horo.core.pieces import PIECES, WHOLE
+    from horo.core.scheduling.pieces import PIECES, WHOLE
 
     _SUM[:] = [hvd.Sum]
     n = (2 << 20) // 8
@@ -302,8 +302,8 @@ def test_a_chosen_form_gives_exact_results_on_every_rank(hvd, world, rank):
 def test_a_rank_off_the_repeat_path_makes_every_rank_run_pieces(hvd, world, rank):
     """The last rank forgets its remembered call before each one (as after an eviction): its general path
     cannot read the first rank's choice, so every rank runs the default form, pieces."""
-    from horo.core import repeat
-    from horo.core.pieces import PIECES, WHOLE
+    from horo.core.api import repeat
+    from horo.core.scheduling.pieces import PIECES, WHOLE
 
     _SUM[:] = [hvd.Sum]
     n = (2 << 20) // 8
@@ -330,7 +330,7 @@ def test_a_rank_off_the_repeat_path_makes_every_rank_run_pieces(hvd, world, rank
 def test_a_joined_rank_makes_every_rank_run_pieces(hvd, world, rank):
     """While the last rank is inside join() (it contributes zeros, in pieces), the others' repeat calls run
     pieces whatever the first rank proposes."""
-    from horo.core.pieces import PIECES, WHOLE
+    from horo.core.scheduling.pieces import PIECES, WHOLE
 
     _SUM[:] = [hvd.Sum]
     n = (2 << 20) // 8

@@ -11,7 +11,7 @@ import threading
 import numpy as np
 from horo_mpi_util import agree
 
-from horo.core import mpi_ops
+from horo.core.transport import mpi_ops
 
 MIB = 1 << 20
 

@@ -80,7 +80,7 @@ def test_ring_blocks_of_any_size(hvd, world, rank, n):
     # The ring itself at lengths below the world size (empty blocks) and just above it.
     from mpi4py import MPI
 
-    from horo.core import ring
+    from horo.core.transport import ring
 
     comm = MPI.COMM_WORLD.Dup()
     try:
@@ -96,7 +96,7 @@ def test_ring_blocks_of_any_size(hvd, world, rank, n):
 
 
 def test_usable_only_where_numpy_reduces_like_mpi(hvd):
-    from horo.core import ring
+    from horo.core.transport import ring
 
     f32, big = np.dtype(np.float32), 1 << 20
     check(ring.usable(2, big, f32, hvd.Sum, 256 << 10))
@@ -111,7 +111,7 @@ def test_on_one_host_out_of_place_allreduces_use_the_ring_from_256_kib(hvd):
     # Across hosts init() turns it off (tests/multihost: test_topology), where Open MPI knows the hosts.
     import os
 
-    from horo.core.config import config
+    from horo.core.base.config import config
 
     if os.environ.get("HORO_RING_MIN_BYTES"):
         pytest.skip("HORO_RING_MIN_BYTES is set in the environment")

@@ -27,8 +27,8 @@ def test_horo_communicators_duplicate_the_world(hvd, world, rank):
     """horo's own communicators have the world's group and order, and their own context (comms.duplicate)."""
     from mpi4py import MPI
 
-    from horo.core.process_sets import global_process_set
-    from horo.core.state import state
+    from horo.core.api.process_sets import global_process_set
+    from horo.core.base.state import state
 
     for name, comm in (("world", state.world), ("engine", global_process_set.engine_comm)):
         result = MPI.Comm.Compare(comm, MPI.COMM_WORLD)
@@ -40,7 +40,7 @@ def test_connect_pairs_runs_on_open_mpi_up_to_its_limit(hvd, world, rank):
     without talking, and it leaves nothing pending on the caller's communicator."""
     from mpi4py import MPI
 
-    from horo.core.comms import CONNECT_PAIRS_MAX, connect_pairs
+    from horo.core.transport.comms import CONNECT_PAIRS_MAX, connect_pairs
 
     ran = connect_pairs(MPI.COMM_WORLD)
     expected = 1 < world <= CONNECT_PAIRS_MAX and "Open MPI" in MPI.Get_library_version()
@@ -81,7 +81,7 @@ def test_build_queries(hvd):
 
 
 def test_error_hierarchy(hvd):
-    from horo.core import errors
+    from horo.core.base import errors
 
     def _check():
         assert issubclass(errors.HoroError, RuntimeError)
@@ -116,7 +116,7 @@ _BEFORE_INIT = textwrap.dedent(
     """
     import numpy as np
     import horo
-    from horo.core.errors import NotInitializedError
+    from horo.core.base.errors import NotInitializedError
     assert horo.is_initialized() is False
     calls = {
         "size": lambda: horo.size(),

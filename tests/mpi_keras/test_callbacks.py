@@ -165,7 +165,7 @@ def test_steps_per_epoch_that_cannot_be_inferred_is_a_clear_error(hvd):
 def _momentum_run(hvd, correction):
     import keras
 
-    from horo.callbacks.learning_rate import momentum_variables
+    from horo.keras.callbacks.learning_rate import momentum_variables
 
     ends, begins = {}, {}
 

@@ -155,7 +155,7 @@ def test_16bit_gradients_are_summed_in_float32_by_tf(hvd, world, rank, tf_backen
     import tensorflow as tf
 
     import horo.tensorflow as htf
-    from horo.plugins.tensorflow import reduce_gradients
+    from horo.tensorflow.collectives import reduce_gradients
 
     comp = getattr(htf.Compression, compression)
     rng = np.random.default_rng(rank)
@@ -190,8 +190,8 @@ def test_16bit_gradients_are_summed_in_float32_by_tf(hvd, world, rank, tf_backen
 
 def test_16bit_layout_mismatch_raises_on_every_rank(hvd, world, rank, tf_backend):
     import horo.tensorflow as htf
-    from horo.core.errors import MismatchError
-    from horo.plugins.tensorflow import reduce_gradients
+    from horo.core.base.errors import MismatchError
+    from horo.tensorflow.collectives import reduce_gradients
 
     if world == 1:
         pytest.skip("a mismatch needs two ranks")

@@ -2,7 +2,7 @@
 
 Open MPI's TCP BTL opens connections lazily. A pair whose first exchange is one-sided shares one connection
 both ways (half the link each way on the bed); ``horo.init`` first has every pair send at once, so each side
-opens its own (``horo.core.comms.connect_pairs``, docs/multihost.md).
+opens its own (``horo.core.transport.comms.connect_pairs``, docs/multihost.md).
 """
 
 import os

@@ -15,8 +15,8 @@ import numpy as np
 from mpi4py import MPI
 
 import horo
-from horo.core import engine as eng_mod
-from horo.core.state import state
+from horo.core.base.state import state
+from horo.core.scheduling import engine as eng_mod
 
 OPS = 300
 

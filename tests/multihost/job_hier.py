@@ -5,7 +5,7 @@ import sys
 import numpy as np
 
 import horo
-from horo.core.config import config
+from horo.core.base.config import config
 
 horo.init()
 rank, size = horo.rank(), horo.size()
@@ -38,7 +38,7 @@ def run(hier: bool) -> list:
 
 
 flat, hier = run(False), run(True)
-from horo.core import mpi_ops  # noqa: E402
+from horo.core.transport import mpi_ops  # noqa: E402
 
 mpi_ops._HIER_PIECE_BYTES = 64 << 10  # force the hierarchical path to pipeline the larger arrays in pieces
 hier_pieces = run(True)
@@ -59,9 +59,9 @@ if len(set(horo.allgather_object(digest))) != 1:
 expected_rows = sum((r % 3) + 1 for r in range(size))
 ag = hier[-3]
 assert ag.shape == (expected_rows, 3) and ag[:, 0].tolist() == [r for r in range(size) for _ in range((r % 3) + 1)]
-from horo.core import hierarchy  # noqa: E402
+from horo.core.transport import hierarchy  # noqa: E402
 
-topo = hierarchy.topology(horo.core.state.state.world)
+topo = hierarchy.topology(horo.core.base.state.state.world)
 print(f"HIER rank={rank} hosts={topo.hosts} useful={topo.useful} bad={bad}", flush=True)
 horo.shutdown()
 sys.exit(1 if bad else 0)

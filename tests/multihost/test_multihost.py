@@ -200,7 +200,7 @@ def test_hororun_flags_and_environment_reach_remote_ranks(bed):
     """--hierarchical-* reach every rank; so does the user's environment (as with horovodrun), but no secret."""
     rc, out, _ = hororun(bed, ["-np", "4", "-H", "node1:2,node2:2", "--hierarchical-allreduce",
                                "--hierarchical-allgather", sys.executable, "-c",
-                               "import os, horo; horo.init(); from horo.core.config import config; "
+                               "import os, horo; horo.init(); from horo.core.base.config import config; "
                                "print('KNOBS', config['HORO_HIERARCHICAL_ALLREDUCE'], "
                                "config['HORO_HIERARCHICAL_ALLGATHER'], os.environ.get('MYAPP_SETTING'), "
                                "os.environ.get('MYAPP_API_TOKEN'))"],
@@ -695,7 +695,7 @@ def test_submit_then_synchronize_across_hosts_leaves_the_engine_thread_asleep(be
     # The caller runs each round itself; the parked engine thread looks for deferred work once per grace
     # period. Before the deferral was kept by when a caller last ran a round, every op woke it across hosts
     # (300 wakes in 300 ops, in ~0.1 s): two thread hand-offs per op on a path meant to have none.
-    from horo.core.engine import _HELP_GRACE_S
+    from horo.core.scheduling.engine.engine import _HELP_GRACE_S
 
     rc, out, _ = hororun(bed, ["-np", "2", "-H", "node1:1,node2:1", *job("job_engine_wakes.py")], timeout=90)
     assert rc == 0, out[-6000:]

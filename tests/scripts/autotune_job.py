@@ -19,7 +19,7 @@ import numpy as np
 from mpi4py import MPI
 
 import horo
-from horo.core.process_sets import global_process_set
+from horo.core.api.process_sets import global_process_set
 
 SHAPES = [(1000,), (256, 256), (512, 1024), (64,), (300, 300), (7,), (128, 128, 3), (2000,), (96, 64), (33, 33),
           (5,), (3, 3)]

@@ -6,6 +6,7 @@ import sys
 import numpy as np
 
 import horo
+from horo.core.scheduling import request
 
 horo.init()
 tensors = [np.ones(n, np.float32) for n in (10, 1000, 4096, 100000, 7)]
@@ -27,7 +28,7 @@ for _ in range(steps):
 after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 engine = horo.global_process_set.engine
 print(f"rank {horo.rank()}: maxrss_kb before={before} after={after} growth_kb={after - before} "
-      f"cache={len(engine.cache)} handles_left={len(__import__('horo.core.engine', fromlist=['x'])._handles)}",
+      f"cache={len(engine.cache)} handles_left={len(request._handles)}",
       flush=True)
 assert after - before < 8 * 1024, (before, after)
 assert len(engine.cache) == len(tensors)

@@ -6,8 +6,8 @@ import os
 import numpy as np
 
 import horo
-from horo.core.config import config
-from horo.core.process_sets import global_process_set
+from horo.core.api.process_sets import global_process_set
+from horo.core.base.config import config
 
 horo.init()
 engine = global_process_set.engine

@@ -7,7 +7,7 @@ import importlib.util
 import sys
 
 from horo.bench import BENCHES
-from horo.core.config import launcher_rank0 as _is_rank0
+from horo.core.base.config import launcher_rank0 as _is_rank0
 
 
 def _present(name: str) -> bool:
@@ -36,7 +36,7 @@ def main(argv: list[str] | None = None) -> int:
                   f"HINT: choose one of {', '.join(BENCHES)}.\n\n{_usage()}", end="", file=sys.stderr)
         return 2
     try:
-        module = importlib.import_module(f"horo.bench.{name}")
+        module = importlib.import_module(f"horo.bench.{name}")  # lazy: a bench may import its framework
     except ModuleNotFoundError as exc:
         if _is_rank0():
             missing = exc.name or "?"

@@ -26,9 +26,11 @@ from typing import Any
 
 import numpy as np
 
+import horo
 from horo.bench._util import env_summary, fmt_f, fmt_size, limit_threads, md_table, time_interleaved
 from horo.bench.fusion import GradSet
-from horo.core.comms import duplicate
+from horo.core.transport import adasum
+from horo.core.transport.comms import duplicate
 
 ADASUM_TARGET = 1.5  # x Average's time, at 2 ranks
 BYTES_SLACK = 1.01  # the group sums of the dot products add a few hundred bytes per tensor
@@ -64,9 +66,6 @@ def main(argv: list[str]) -> int:
     args = _parser().parse_args(argv)
     limit_threads()
     from mpi4py import MPI
-
-    import horo
-    from horo.core import adasum
 
     comm = duplicate(MPI.COMM_WORLD)
     size, rank = comm.Get_size(), comm.Get_rank()

@@ -37,7 +37,8 @@ from typing import Any
 
 import numpy as np
 
-from horo.bench import plot
+import horo
+from horo.bench import gpu, plot
 from horo.bench._util import (
     Timing,
     algbw,
@@ -50,7 +51,7 @@ from horo.bench._util import (
     parse_sizes,
     time_interleaved,
 )
-from horo.core.comms import duplicate
+from horo.core.transport.comms import duplicate
 
 RATIO_FROM = 1 << 20  # bandwidth target applies from this size up
 SMALL_UP_TO = 64 << 10  # latency target applies up to this size
@@ -93,11 +94,6 @@ def _auto_iters(nbytes: int) -> int:
 
 def _forward_gpu(args: argparse.Namespace) -> int:
     """``--gpu``: run ``horo.bench gpu`` (NCCL) with the options it shares; exit 0 without cupy or a GPU."""
-    try:
-        from horo.bench import gpu
-    except ImportError:
-        print("horo.bench allreduce --gpu: needs cupy and a GPU (and horo's NCCL backend); skipping.")
-        return 0
     argv = ["--factor", str(args.factor), "--repeats", str(args.repeats), "--stat", args.stat]
     if args.sizes_given:
         argv += ["--sizes", args.sizes]
@@ -155,8 +151,6 @@ def main(argv: list[str]) -> int:
     limit_threads()
 
     from mpi4py import MPI
-
-    import horo
 
     horo.init()
     comm = duplicate(MPI.COMM_WORLD)  # raw baseline, barriers and the timing reduction

@@ -29,9 +29,12 @@ from typing import Any
 
 import numpy as np
 
+import horo
 from horo.bench import plot
 from horo.bench._util import env_summary, fmt_f, fmt_size, limit_threads, md_table, parse_size
-from horo.core.comms import duplicate
+from horo.bench.fusion import GradSet, _check, _engine_step
+from horo.core.api.process_sets import global_process_set
+from horo.core.transport.comms import duplicate
 
 TARGET = 1.10
 _KNOB_ENV = ("HORO_FUSION_THRESHOLD", "HORO_CYCLE_TIME", "HORO_CHUNK_BYTES", "HORO_CACHE_CAPACITY",
@@ -87,10 +90,6 @@ def main(argv: list[str]) -> int:
     set_by_user = [k for k in _KNOB_ENV if k in os.environ]
     limit_threads()
     from mpi4py import MPI
-
-    import horo
-    from horo.bench.fusion import GradSet, _check, _engine_step
-    from horo.core.process_sets import global_process_set
 
     comm = duplicate(MPI.COMM_WORLD)
     n, rank = comm.Get_size(), comm.Get_rank()

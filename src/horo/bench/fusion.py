@@ -37,6 +37,7 @@ from typing import Any
 
 import numpy as np
 
+import horo
 from horo.bench import plot
 from horo.bench._util import (
     env_summary,
@@ -47,7 +48,7 @@ from horo.bench._util import (
     parse_size,
     time_interleaved,
 )
-from horo.core.comms import duplicate
+from horo.core.transport.comms import duplicate
 
 ENGINE_TARGET = 1.15
 OUT_OF_PLACE_TARGET = 1.3  # issue 15: fresh results each step, against raw in-place per tensor
@@ -234,8 +235,6 @@ def main(argv: list[str]) -> int:
     limit_threads()
 
     from mpi4py import MPI
-
-    import horo
 
     comm = duplicate(MPI.COMM_WORLD)
     n, rank = comm.Get_size(), comm.Get_rank()

@@ -29,8 +29,10 @@ from typing import Any
 
 import numpy as np
 
+import horo
 from horo.bench import plot
 from horo.bench._util import (
+    Timing,
     algbw,
     busbw,
     env_summary,
@@ -40,7 +42,10 @@ from horo.bench._util import (
     parse_sizes,
     time_interleaved,
 )
-from horo.core.comms import duplicate
+from horo.core.api import collectives
+from horo.core.api.process_sets import global_process_set
+from horo.core.transport import device, nccl
+from horo.core.transport.comms import duplicate
 
 NEEDS = "horo.bench gpu: needs the nccl extra and a GPU (pip install 'horo[nccl]' on a CUDA machine); skipping."
 DTYPES = ("float32", "float16", "float64", "int32", "int64", "uint8")
@@ -95,16 +100,12 @@ def main(argv: list[str]) -> int:
     import cupy
     from mpi4py import MPI
 
-    import horo
-    from horo.core import collectives, device, nccl
-    from horo.core.process_sets import global_process_set
-
     horo.init()
     torch_cuda = False
     try:
         import torch
 
-        import horo.torch as hvd_torch
+        import horo.torch as hvd_torch  # lazy: imports torch
 
         torch_cuda = torch.cuda.is_available()
     except ImportError:
@@ -216,8 +217,6 @@ TARGET = 0.95  # horo within 5 % of raw NCCL on the same buffers
 
 
 def _summary(results: list[dict[str, Any]], stat: str) -> None:
-    from horo.bench._util import Timing
-
     def t(r: dict[str, Any], k: str) -> float | None:
         s = r["samples_s"].get(k)
         return Timing({k: s}).stat(k, stat) if s else None

@@ -20,9 +20,12 @@ from typing import Any
 
 import numpy as np
 
+import horo
 from horo.bench._util import busbw, env_summary, fmt_size, limit_threads, md_table, time_interleaved
 from horo.bench.fusion import resnet50_shapes
-from horo.core.comms import duplicate
+from horo.core.base.config import config
+from horo.core.transport import hierarchy
+from horo.core.transport.comms import duplicate
 
 __all__ = ["main", "wire_floor"]
 
@@ -54,9 +57,6 @@ def main(argv: list[str]) -> int:
     if not 0 < args.scale <= 1:
         raise ValueError(f"--scale must be in (0, 1]. Received: scale={args.scale!r}. HINT: --scale 0.25")
     limit_threads()
-    import horo
-    from horo.core import hierarchy
-    from horo.core.config import config
 
     horo.init()
     from mpi4py import MPI

@@ -32,7 +32,9 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import horo
 from horo.bench._util import env_summary, md_table
+from horo.plugins.fused import FusedAllreduce
 
 SHAPES = [(784, 1024), (1024,), (1024, 512), (512,), (512, 10), (10,)]
 
@@ -72,9 +74,8 @@ def _carriers(comm: Any, xla: bool) -> dict[str, Callable[[list[Any]], list[Any]
     from jax.experimental import io_callback
     from mpi4py import MPI
 
-    import horo
+    # lazy: horo.jax imports JAX, which the bench's --help does not need
     from horo.jax.exchange import reduce_gradients
-    from horo.plugins.fused import FusedAllreduce
 
     size = comm.Get_size()
     fused = FusedAllreduce()
@@ -136,8 +137,6 @@ def main(argv: list[str]) -> int:
     import jax
     import jax.numpy as jnp
     import numpy as np
-
-    import horo
 
     horo.init()
     rank, size = comm.Get_rank(), comm.Get_size()

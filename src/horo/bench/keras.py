@@ -42,12 +42,14 @@ import time
 from pathlib import Path
 from typing import Any
 
+import horo
 from horo.bench import plot
 from horo.bench._util import env_summary, md_table
+from horo.core.base.config import started_by_launcher
+from horo.plugins.fused import FusedAllreduce
 from horo.run.mpiexec import local_command
 
 _MARK = "HORO_KERAS_BENCH "
-_RANK_VARS = ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK")
 BARE_MPI_TARGET = 0.97  # issue 15: DistributedOptimizer at >= 0.97x the speed of bare mpi4py in the step
 
 
@@ -114,9 +116,6 @@ def _exchange_times(model_vars: list[Any], repeats: int = 20) -> tuple[float, fl
     import numpy as np
     from mpi4py import MPI
 
-    import horo
-    from horo.plugins.fused import FusedAllreduce
-
     grads = [np.random.default_rng(0).random(tuple(v.shape), dtype=np.float32) for v in model_vars]
     flat = np.concatenate([g.reshape(-1) for g in grads])
     fused = FusedAllreduce()
@@ -139,7 +138,7 @@ def _worker(args: argparse.Namespace) -> int:
     import keras
     import numpy as np
 
-    import horo.keras as hvd
+    import horo.keras as hvd  # lazy: imports Keras and its backend's framework
 
     hvd.init()
     if args.backend == "tensorflow":
@@ -334,7 +333,7 @@ def main(argv: list[str]) -> int:
         args.plot = str(args.plot)
         if not plot.check_arg(args.plot, "horo.bench keras"):
             return 2
-    inside = args.worker or any(v in os.environ for v in _RANK_VARS)  # under a launcher: this size only
+    inside = args.worker or started_by_launcher()  # under a launcher: this size only
     if args.rounds is None:
         args.rounds = 15 if inside else 5  # 1 vs N: 5 per run, the verdict pools them over --repeats runs
     elif args.rounds < 1:

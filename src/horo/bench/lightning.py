@@ -119,9 +119,9 @@ def main(argv: list[str]) -> int:
     from pytorch_lightning.strategies import DDPStrategy
     from torch.utils.data import DataLoader
 
-    import horo
-    import horo.torch  # noqa: F401 - registers the "horo" torch.distributed backend
-    from horo.strategies import HoroStrategy
+    # lazy: imports torch; registers the "horo" torch.distributed backend
+    import horo.torch  # noqa: F401
+    from horo.strategies import HoroStrategy  # lazy: imports torch and Lightning
 
     torch.set_num_threads(1)
     horo.init()

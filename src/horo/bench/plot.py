@@ -14,6 +14,8 @@ import textwrap
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from horo.core.base.config import launcher_rank0
+
 __all__ = ["PlotError", "add_plot_arg", "bars", "by_size", "check", "check_arg"]
 
 # Formats matplotlib's Agg backend writes without extra libraries.
@@ -68,8 +70,6 @@ def check_arg(path: str | None, prog: str) -> bool:
     try:
         check(path)
     except PlotError as exc:
-        from horo.core.config import launcher_rank0
-
         if launcher_rank0():
             import sys
 

@@ -24,6 +24,7 @@ import socket
 import time
 from typing import Any
 
+import horo
 from horo.bench import models
 from horo.bench._util import Timing, env_summary, limit_threads, md_table
 
@@ -53,8 +54,6 @@ def _parse(argv: list[str]) -> argparse.Namespace:
 def _init_ddp(backend: str) -> None:
     import torch.distributed as dist
 
-    import horo
-
     if dist.is_initialized():
         return
     addr = os.environ.get("MASTER_ADDR") or ("127.0.0.1" if horo.size() == horo.local_size() else
@@ -74,9 +73,8 @@ def main(argv: list[str]) -> int:
     limit_threads()
     import torch
 
-    import horo
-    import horo.torch as hvd
-    from horo.torch import GradientExchange
+    import horo.torch as hvd  # lazy: imports torch
+    from horo.torch import GradientExchange  # lazy: imports torch
 
     torch.set_num_threads(1)
     hvd.init()

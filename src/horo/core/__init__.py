@@ -1,6 +1,6 @@
 """Framework-free core of horo: runtime, MPI collectives, engine. Never imports a deep-learning framework."""
 
-from .async_ops import (
+from .api.async_ops import (
     allgather_async,
     allreduce_async,
     allreduce_async_,
@@ -13,7 +13,7 @@ from .async_ops import (
     reducescatter_async,
     synchronize,
 )
-from .collectives import (
+from .api.collectives import (
     allgather,
     allgather_object,
     allreduce,
@@ -30,24 +30,15 @@ from .collectives import (
     join,
     reducescatter,
 )
-from .compression import Compression
-from .errors import (
-    HoroError,
-    HoroInternalError,
-    HorovodInternalError,
-    MismatchError,
-    NotInitializedError,
-    StallError,
-)
-from .ops import Adasum, Average, Max, Min, Product, ReduceOp, Sum
-from .process_sets import (
+from .api.compression import Compression
+from .api.process_sets import (
     ProcessSet,
     add_process_set,
     add_process_set_of_members,
     global_process_set,
     remove_process_set,
 )
-from .runtime import (
+from .api.runtime import (
     ccl_built,
     cross_rank,
     cross_size,
@@ -69,7 +60,16 @@ from .runtime import (
     shutdown,
     size,
 )
-from .timeline import start_timeline, stop_timeline
+from .base.errors import (
+    HoroError,
+    HoroInternalError,
+    HorovodInternalError,
+    MismatchError,
+    NotInitializedError,
+    StallError,
+)
+from .base.ops import Adasum, Average, Max, Min, Product, ReduceOp, Sum
+from .base.timeline import start_timeline, stop_timeline
 
 __all__ = [
     "init", "shutdown", "is_initialized", "size", "rank", "local_size", "local_rank", "cross_size",

@@ -7,7 +7,9 @@ the job's secret (``HORO_ELASTIC_SECRET``); see ``horo.run.elastic_driver`` for 
 from __future__ import annotations
 
 import os
+import pickle
 import socket
+import sys
 import threading
 import time
 from typing import Any
@@ -258,8 +260,6 @@ def keep_state(value: Any, unsupported: str = "") -> None:
 
 
 def _keeper_loop() -> None:
-    import pickle
-
     while True:
         with _keeper_cv:
             while _keeper["pending"] is None:
@@ -294,8 +294,6 @@ def _send_commit(blob: bytes | None, unsupported: str = "") -> None:
     except (OSError, ValueError) as exc:
         if "send" not in _warned:
             _warned.add("send")
-            import sys
-
             sys.stderr.write(f"horo.elastic: could not send the committed state to hororun ({exc}); a lost host "
                              "would lose it\n")
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ..core.errors import HoroError, HoroInternalError
+from ..core.base.errors import HoroError, HoroInternalError
 
 __all__ = ["HostsUpdatedInterrupt", "HoroInternalError", "HorovodInternalError", "ElasticError"]
 

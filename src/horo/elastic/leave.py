@@ -26,17 +26,37 @@ import traceback
 from typing import Any
 
 from .. import core
-from ..core import watchdog
-from ..core.state import state as rt
+from ..core.base import watchdog
+from ..core.base.state import state as rt
+from . import client
 from .errors import ElasticError
+from .growth import log
 
-__all__ = ["depart", "fail_alone"]
+__all__ = ["depart", "fail_alone", "unlink_shared_segments"]
 
 
 def _flush() -> None:
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(Exception):  # a closed stream must not stop the exit
             stream.flush()
+
+
+def unlink_shared_segments() -> None:
+    """Remove the Open MPI shared-memory files this process has mapped (finalize would have removed its own).
+
+    Runs after horo's shutdown, which every survivor reaches together, so no live peer attaches to them
+    any more; the segments of SIGKILLed peers, which nobody else would remove, go too.
+    """
+    try:
+        with open("/proc/self/maps") as fh:
+            paths = {line.split(None, 5)[5].strip() for line in fh if "/dev/shm/sm_segment." in line}
+    except (OSError, IndexError):
+        return
+    for path in paths:
+        try:
+            os.unlink(path.removesuffix(" (deleted)"))
+        except OSError:
+            pass
 
 
 def depart(leave: list[int], fatal: str | None) -> bool:
@@ -53,9 +73,6 @@ def depart(leave: list[int], fatal: str | None) -> bool:
         return False
     from mpi4py import MPI
 
-    from . import client
-    from .runner import _log, _unlink_shared_segments
-
     me, host, old = core.rank(), client.my_host(), core.size()
     t0 = time.perf_counter()
     goes = me in leave
@@ -63,14 +80,14 @@ def depart(leave: list[int], fatal: str | None) -> bool:
         new = rt.world.Split(MPI.UNDEFINED if goes else 0, me)
     core.shutdown()
     if goes:
-        _log(f"rank {me} on host {host} leaves the job: its host was removed by host discovery or excluded "
-             "(hororun's messages say which)")
-        _unlink_shared_segments()
+        log(f"rank {me} on host {host} leaves the job: its host was removed by host discovery or excluded "
+            "(hororun's messages say which)")
+        unlink_shared_segments()
         _flush()
         os._exit(0)
     core.init(comm=new)
-    _log(f"rank {me} is now rank {core.rank()} of {core.size()}: {old - core.size()} worker(s) left; world "
-         f"re-formed in {(time.perf_counter() - t0) * 1e3:.0f} ms")
+    log(f"rank {me} is now rank {core.rank()} of {core.size()}: {old - core.size()} worker(s) left; world "
+        f"re-formed in {(time.perf_counter() - t0) * 1e3:.0f} ms")
     return True
 
 
@@ -79,8 +96,6 @@ def fail_alone(exc: BaseException) -> None:
 
     Called as ``exc`` leaves ``@elastic.run``; a program that catches it goes on as usual.
     """
-    from . import client
-
     previous = sys.excepthook
     rank = core.rank() if core.is_initialized() else "?"
     host = client.my_host()

@@ -24,6 +24,7 @@ A worker whose function raises an ordinary exception leaves the job alone (``lea
 
 from __future__ import annotations
 
+import atexit
 import functools
 import os
 import sys
@@ -34,14 +35,16 @@ from typing import Any, TypeVar
 import numpy as np
 
 from .. import core
-from ..core.errors import HoroInternalError
-from ..core.fault import is_process_failure
-from ..core.state import state as rt
-from . import world
+from ..core.base.errors import HoroInternalError
+from ..core.base.fault import is_process_failure
+from ..core.base.state import state as rt
+from . import client, world
 from .errors import ElasticError, HostsUpdatedInterrupt
-from .leave import depart, fail_alone
+from .growth import end_for_restart, log
+from .leave import depart, fail_alone, unlink_shared_segments
+from .state import State
 
-__all__ = ["run", "host_update_pending", "end_for_restart", "reset_count"]
+__all__ = ["run", "reset_count"]
 
 F = TypeVar("F", bound=Callable[..., Any])
 # A job hororun restarted after a lost host continues the count (HORO_ELASTIC_RESET_BASE).
@@ -56,48 +59,6 @@ def reset_count() -> int:
 def _env_int(name: str, default: int | None) -> int | None:
     raw = os.environ.get(name)
     return int(raw) if raw not in (None, "") else default
-
-
-def _log(msg: str) -> None:
-    if os.environ.get("HORO_ELASTIC_VERBOSE", "1") != "0":
-        sys.stderr.write(f"horo.elastic: {msg}\n")
-        sys.stderr.flush()
-
-
-def host_update_pending() -> int:
-    """Collective: how the world changes at this commit, as rank 0's driver client says (``growth_available``)."""
-    from . import client
-
-    if not client.enabled():
-        return 0
-    flag = np.zeros(1, dtype=np.int64)
-    if core.rank() == 0:
-        flag[0] = client.growth_available(core.size())
-    return int(core.broadcast(flag, 0, name="horo.elastic.host_updates")[0])
-
-
-def end_for_restart() -> None:
-    """Collective, at a commit, when new slots are on other hosts only: end every worker cleanly; hororun
-    then starts the job again with them, from this commit (Open MPI 5 cannot spawn onto another host).
-
-    Rank 0 first waits until this commit has reached hororun, and tells it; every rank then raises
-    ``SystemExit(0)``, which leaves the training function and the script (code after ``train(state)`` does
-    not run: the job is not over).
-    """
-    from . import client
-
-    ok = np.zeros(1, dtype=np.int64)
-    if core.rank() == 0:
-        try:
-            if client.wait_kept():
-                client.request_restart()
-                ok[0] = 1
-        except (OSError, ValueError) as exc:
-            _log(f"rank 0: cannot hand over for a restart with the new hosts ({exc}); training goes on")
-    if not core.broadcast(ok, 0, name="horo.elastic.restart")[0]:
-        return
-    _log(f"rank {core.rank()}: ending at this commit; hororun starts the job again with the new hosts")
-    raise SystemExit(0)
 
 
 def _check_reset_limit() -> None:
@@ -121,8 +82,6 @@ def _exit_without_finalize() -> None:
     to finish and then ends it (prterun has been seen to stay after every worker had ended, once workers
     had failed or left).
     """
-    from . import client
-
     client.report_bye()
     if not _resets["failures"]:
         return
@@ -130,7 +89,7 @@ def _exit_without_finalize() -> None:
         core.shutdown()
     except Exception as exc:  # noqa: BLE001 - report, and exit all the same
         sys.stderr.write(f"horo.elastic: error during shutdown at exit: {exc}\n")
-    _unlink_shared_segments()
+    unlink_shared_segments()
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()
@@ -139,32 +98,14 @@ def _exit_without_finalize() -> None:
     os._exit(0)
 
 
-def _unlink_shared_segments() -> None:
-    """Remove the Open MPI shared-memory files this process has mapped (finalize would have removed its own).
-
-    Runs after horo's shutdown, which every survivor reaches together, so no live peer attaches to them
-    any more; the segments of SIGKILLed peers, which nobody else would remove, go too.
-    """
-    try:
-        with open("/proc/self/maps") as fh:
-            paths = {line.split(None, 5)[5].strip() for line in fh if "/dev/shm/sm_segment." in line}
-    except (OSError, IndexError):
-        return
-    for path in paths:
-        try:
-            os.unlink(path.removesuffix(" (deleted)"))
-        except OSError:
-            pass
-
-
 def _after_failure() -> None:
     _resets["failures"] += 1
     t0 = time.perf_counter()
     old = core.size() if rt.world is not None else -1
     world.shrink()
     world.timings["recover_s"] = time.perf_counter() - t0
-    _log(f"rank {core.rank()}: a worker failed; world re-formed from {old} to {core.size()} processes in "
-         f"{world.timings['recover_s'] * 1e3:.0f} ms (shrink {world.timings.get('shrink_s', 0) * 1e3:.0f} ms)")
+    log(f"rank {core.rank()}: a worker failed; world re-formed from {old} to {core.size()} processes in "
+        f"{world.timings['recover_s'] * 1e3:.0f} ms (shrink {world.timings.get('shrink_s', 0) * 1e3:.0f} ms)")
     _report_world()
     _ensure_min_np()
 
@@ -178,8 +119,6 @@ def _ensure_min_np() -> None:
 def _report_world() -> None:
     """Collective: report the world to hororun's driver; the workers it names leave (their host was removed
     or excluded), and the others report again. The ranks agree on the highest reset count."""
-    from . import client
-
     while True:
         leave, fatal, resets = client.report_world(_resets["count"])
         _resets["count"] = max(_resets["count"], resets)
@@ -203,8 +142,6 @@ def _wait_for_min(min_np: int) -> None:
     Free slots on this machine: spawn there. Enough only with other hosts' (a job across hosts): end at the
     commit just restored, for hororun to start the job again with them (``end_for_restart``).
     """
-    from . import client
-
     timeout = float(os.environ.get("HORO_ELASTIC_TIMEOUT", "600"))
     deadline = time.monotonic() + timeout
     while True:
@@ -234,8 +171,6 @@ def _resume(state: Any) -> None:
     """Collective, in a job hororun restarted after a lost host: continue from the last commit it kept."""
     import pickle
 
-    from . import client
-
     value, status, why = None, np.zeros(1, dtype=np.int64), ""
     if core.rank() == 0:
         try:
@@ -254,8 +189,8 @@ def _resume(state: Any) -> None:
         state.load_committed(value)
         state.restore()
     state.on_reset()
-    _log(f"rank {core.rank()}: restarted by hororun on {core.size()} processes, from "
-         f"{'the last commit' if status[0] else 'the start (nothing was committed)'}")
+    log(f"rank {core.rank()}: restarted by hororun on {core.size()} processes, from "
+        f"{'the last commit' if status[0] else 'the start (nothing was committed)'}")
 
 
 def grow() -> bool:
@@ -263,8 +198,6 @@ def grow() -> bool:
 
     Returns whether the world grew.
     """
-    from . import client
-
     t0 = time.perf_counter()
     hosts: list[str] = client.claim_slots(core.size()) if core.rank() == 0 else []
     hosts = core.broadcast_object(hosts, 0, name="horo.elastic.grow")
@@ -274,8 +207,8 @@ def grow() -> bool:
     world.spawn([(client.mpi_host(h), h) for h in hosts])
     client.set_new_hosts(hosts)
     world.timings["grow_s"] = time.perf_counter() - t0
-    _log(f"rank {core.rank()}: world grew from {old} to {core.size()} processes in "
-         f"{world.timings['grow_s'] * 1e3:.0f} ms (new workers on {hosts})")
+    log(f"rank {core.rank()}: world grew from {old} to {core.size()} processes in "
+        f"{world.timings['grow_s'] * 1e3:.0f} ms (new workers on {hosts})")
     _report_world()
     return True
 
@@ -292,19 +225,13 @@ def run(func: F) -> F:
 
     @functools.wraps(func)
     def wrapper(state: Any, *args: Any, **kwargs: Any) -> Any:
-        from .state import State
-
         if not isinstance(state, State):
             raise TypeError(f"{func.__name__}: the first argument of an @elastic.run function must be a "
                             f"horo.elastic.State. Received: state of type {type(state).__name__}. HINT: "
                             "train(hvd.elastic.TorchState(model, optimizer, epoch=0)).")
         if core.size() > 1:
             world.require_ft("horo.elastic.run")
-        from . import client
-
         if not _resets["atexit"]:
-            import atexit
-
             atexit.register(_exit_without_finalize)  # after mpi4py's: runs before MPI_Finalize
             _resets["atexit"] = 1
         client.start()
@@ -344,7 +271,7 @@ def run(func: F) -> F:
                     if client.enabled():
                         fail_alone(exc)  # this worker's own error: it leaves, the others go on
                     raise
-                _log(f"rank {core.rank()} caught {type(exc).__name__} at t={time.time():.3f}: {str(exc)[:300]}")
+                log(f"rank {core.rank()} caught {type(exc).__name__} at t={time.time():.3f}: {str(exc)[:300]}")
                 ok = False
             # Every live rank takes part, so a rank that returned just as a peer died is not left behind.
             if core.size() > 1 and not world.agree(ok):

@@ -7,7 +7,9 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from .. import core
+from . import client
 from .errors import HostsUpdatedInterrupt
+from .growth import end_for_restart, host_update_pending
 
 __all__ = ["State", "ObjectState"]
 
@@ -64,8 +66,6 @@ class State:
         raise NotImplementedError
 
     def _keep_at_driver(self) -> None:
-        from . import client
-
         if not client.keeps_state() or self._rank() != 0:
             return
         try:
@@ -83,15 +83,12 @@ class State:
 
         Rank 0 learns it from hororun's driver (polled in the background); the answer is broadcast, so all
         ranks act together, at the same commit. Slots on other hosts only, in a job across hosts: the
-        workers end here instead and hororun starts the job again with them (``runner.end_for_restart``).
+        workers end here instead and hororun starts the job again with them (``growth.end_for_restart``).
         """
-        from .client import REMOVE
-        from .runner import end_for_restart, host_update_pending
-
         kind = host_update_pending()
-        if kind in (1, REMOVE):
+        if kind in (1, client.REMOVE):
             # Only leaving: every rank holds this commit already, nothing to broadcast (unless some join too).
-            raise HostsUpdatedInterrupt(skip_sync=kind == REMOVE)
+            raise HostsUpdatedInterrupt(skip_sync=kind == client.REMOVE)
         if kind == 2 and not getattr(self, "_told_unsupported", False):
             end_for_restart()
 

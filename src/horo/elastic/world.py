@@ -10,11 +10,12 @@ import os
 import sys
 import time
 
-from ..core import runtime, watchdog
-from ..core.errors import HoroError, HoroInternalError
-from ..core.fault import horo_comms, is_process_failure, revoke_all
-from ..core.runtime import drop_runtime
-from ..core.state import state
+from ..core.api import runtime
+from ..core.api.runtime import drop_runtime
+from ..core.base import watchdog
+from ..core.base.errors import HoroError, HoroInternalError
+from ..core.base.fault import horo_comms, is_process_failure, revoke_all, ulfm_active
+from ..core.base.state import state
 
 __all__ = ["shrink", "agree", "require_ft", "spawn", "join_spawn", "timings"]
 
@@ -24,8 +25,6 @@ timings: dict[str, float] = {}
 
 def require_ft(what: str) -> None:
     """Raise a clear error unless this MPI can survive a process failure."""
-    from ..core.fault import ulfm_active
-
     if not ulfm_active():
         from mpi4py import MPI
 

@@ -44,8 +44,9 @@ __all__ = [
 
 
 def __getattr__(name: str) -> Any:
-    if name == "elastic":  # imported on first use
+    if name == "elastic":
         import importlib
 
+        # lazy: horo.jax.elastic imports horo.elastic, which a plain collectives user never needs
         return importlib.import_module(f"{__name__}.elastic")
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

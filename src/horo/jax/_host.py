@@ -21,7 +21,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from ..core.dtypes import check_dtype
+from ..core.base.dtypes import check_dtype
 
 __all__ = ["host_call", "is_traced", "pending_error", "reraise_pending", "np_dtype"]
 

@@ -20,8 +20,9 @@ from typing import Any
 
 import numpy as np
 
-from ..core.ops import Adasum, Average, ReduceOp, Sum
-from ..core.process_sets import ProcessSet
+from ..core.api.compression import Compression
+from ..core.api.process_sets import ProcessSet
+from ..core.base.ops import Adasum, Average, ReduceOp, Sum
 from ..plugins.fused import FusedAllreduce
 from ..plugins.half_exchange import WIRE_DTYPES, HalfExchange
 from ._host import host_call, np_dtype
@@ -78,8 +79,6 @@ def reduce_gradients(grads: Sequence[Any], *, op: ReduceOp = Average, compressio
         gate: see the module docstring.
     """
     import jax.numpy as jnp
-
-    from ..core.compression import Compression
 
     compression = compression if compression is not None else Compression.none
     if op not in (Average, Sum, Adasum):

@@ -13,11 +13,11 @@ from typing import Any
 import numpy as np
 
 from .. import core
-from ..core.compression import Compression
-from ..core.errors import HoroValueError
-from ..core.mpi_ops import scatter_counts
-from ..core.ops import Average, Sum, resolve_op
-from ..core.process_sets import ProcessSet, resolve
+from ..core.api.compression import Compression
+from ..core.api.process_sets import ProcessSet, resolve
+from ..core.base.errors import HoroValueError
+from ..core.base.ops import Average, Sum, resolve_op
+from ..core.transport.mpi_ops import scatter_counts
 from ..plugins.packing import broadcast_arrays
 from ._host import host_call, is_traced, np_dtype
 

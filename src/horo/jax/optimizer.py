@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple
 
-from ..core.compression import Compression
-from ..core.ops import Adasum, Average
-from ..core.process_sets import global_process_set, resolve
+from ..core.api.compression import Compression
+from ..core.api.process_sets import global_process_set, resolve
+from ..core.base.ops import Adasum, Average
 from ..plugins.fused import FusedAllreduce
 from ..plugins.grad_settings import make_settings
 from .exchange import reduce_gradients

@@ -3,12 +3,10 @@
 
 Runtime functions (init, size, rank, ...), ops and process sets come from the core; the collectives take
 and return Keras/backend tensors; ``DistributedOptimizer``, ``load_model``, ``broadcast_global_variables``
-and ``callbacks`` (see ``horo.callbacks``) are the training pieces.
+and ``callbacks`` (also ``horo.callbacks``) are the training pieces; ``elastic`` has the elastic state.
 """
 
 from __future__ import annotations
-
-from typing import Any
 
 # Runtime queries, ops, errors, process sets: shared by every facade.
 from .._facade import *  # noqa: F403
@@ -22,7 +20,11 @@ from ..core import (
 )
 
 # Before anything imports keras: a missing Keras or backend framework gets a message naming what to install.
-from . import _require  # noqa: F401, I001
+from . import (  # noqa: E402, I001 - after the modules they use
+    _require,  # noqa: F401, I001
+    callbacks,
+    elastic,
+)
 from .collectives import (
     allgather,
     allreduce,
@@ -39,14 +41,5 @@ __all__ = [
     "Compression", "allreduce", "allgather", "broadcast", "reducescatter", "broadcast_object",
     "allgather_object", "barrier", "join", "broadcast_variables", "broadcast_global_variables",
     "DistributedOptimizer", "PartialDistributedOptimizer", "is_distributed", "load_model", "save_atomic",
-    "callbacks", "elastic",  # noqa: F405
+    "callbacks", "elastic",
 ]
-
-
-def __getattr__(name: str) -> Any:
-    # Imported on first use: horo.callbacks itself imports from horo.keras.
-    if name in ("callbacks", "elastic"):
-        import importlib
-
-        return importlib.import_module(f"{__name__}.{name}")
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -8,9 +8,9 @@ from typing import Any
 import numpy as np
 
 from .. import core
-from ..core.compression import Compression
-from ..core.process_sets import ProcessSet
-from ..plugins.packing import broadcast_arrays
+from ..core.api.compression import Compression
+from ..core.api.process_sets import ProcessSet
+from ..plugins.packing import broadcast_arrays, model_variables
 from .optimizer import import_keras
 
 __all__ = ["allreduce", "allgather", "broadcast", "reducescatter", "broadcast_variables",
@@ -41,9 +41,9 @@ def allreduce(value: Any, name: str | None = None, average: bool | None = None, 
     """Reduce a tensor-like value over all ranks (default: average); returns a backend tensor."""
     tf = _traced_tf()
     if tf is not None:
-        from ..plugins import tensorflow as tfp
+        from ..tensorflow import collectives as tfc  # lazy: imports TensorFlow
 
-        return tfp.allreduce(value, average=average, compression=compression, op=op,
+        return tfc.allreduce(value, average=average, compression=compression, op=op,
                              prescale_factor=prescale_factor, postscale_factor=postscale_factor, name=name,
                              process_set=process_set)
     arr = _host(value)
@@ -57,9 +57,9 @@ def allgather(value: Any, name: str | None = None, process_set: ProcessSet | Non
     """Concatenate every rank's value along dim 0; returns a backend tensor."""
     tf = _traced_tf()
     if tf is not None:
-        from ..plugins import tensorflow as tfp
+        from ..tensorflow import collectives as tfc  # lazy: imports TensorFlow
 
-        return tfp.allgather(value, name=name, process_set=process_set)
+        return tfc.allgather(value, name=name, process_set=process_set)
     return _tensor(core.allgather(_host(value), name=name, process_set=process_set))
 
 
@@ -67,9 +67,9 @@ def broadcast(value: Any, root_rank: int, name: str | None = None, process_set: 
     """Return ``root_rank``'s value on every rank, as a backend tensor."""
     tf = _traced_tf()
     if tf is not None:
-        from ..plugins import tensorflow as tfp
+        from ..tensorflow import collectives as tfc  # lazy: imports TensorFlow
 
-        return tfp.broadcast(value, root_rank, name=name, process_set=process_set)
+        return tfc.broadcast(value, root_rank, name=name, process_set=process_set)
     return _tensor(core.broadcast(_host(value), root_rank, name=name, process_set=process_set))
 
 
@@ -78,9 +78,9 @@ def reducescatter(value: Any, name: str | None = None, op: Any = core.Average,
     """Reduce over all ranks, then return this rank's rows of dim 0, as a backend tensor."""
     tf = _traced_tf()
     if tf is not None:
-        from ..plugins import tensorflow as tfp
+        from ..tensorflow import collectives as tfc  # lazy: imports TensorFlow
 
-        return tfp.reducescatter(value, op=op, name=name, process_set=process_set)
+        return tfc.reducescatter(value, op=op, name=name, process_set=process_set)
     return _tensor(core.reducescatter(_host(value), op=op, name=name, process_set=process_set))
 
 
@@ -90,24 +90,13 @@ def broadcast_variables(variables: Sequence[Any], root_rank: int = 0, process_se
     variables = list(variables)
     tf = _traced_tf()
     if tf is not None:
-        from ..plugins import tensorflow as tfp
+        from ..tensorflow import collectives as tfc  # lazy: imports TensorFlow
 
-        tfp.broadcast_variables(variables, root_rank, process_set, name)
+        tfc.broadcast_variables(variables, root_rank, process_set, name)
         return
     values = broadcast_arrays([_host(v) for v in variables], root_rank, name, process_set)
     for var, val in zip(variables, values):
         var.assign(val)
-
-
-def model_and_optimizer_variables(model: Any) -> list[Any]:
-    """Every variable of the model and of its optimizer (building the optimizer's slots first)."""
-    variables = list(model.variables)
-    opt = getattr(model, "optimizer", None)
-    if opt is not None:
-        if not opt.built:
-            opt.build(model.trainable_variables)
-        variables += list(opt.variables)
-    return variables
 
 
 def broadcast_global_variables(root_rank: int = 0, model: Any = None,
@@ -125,4 +114,4 @@ def broadcast_global_variables(root_rank: int = 0, model: Any = None,
             "HINT: call hvd.broadcast_global_variables(0, model=model), or add "
             "hvd.callbacks.BroadcastGlobalVariablesCallback(0) to fit's callbacks."
         )
-    broadcast_variables(model_and_optimizer_variables(model), root_rank, process_set)
+    broadcast_variables(model_variables(model), root_rank, process_set)

@@ -27,19 +27,12 @@ from ..elastic import (
     reset_count,
     run,
 )
+from ..plugins.packing import model_variables, optimizer_variables
 from .collectives import broadcast_variables
 
 __all__ = ["KerasState", "TensorFlowKerasState", "CommitStateCallback", "UpdateBatchStateCallback",
            "UpdateEpochStateCallback", "run", "State", "ObjectState", "HostsUpdatedInterrupt", "HoroInternalError",
            "HorovodInternalError", "ElasticError", "reset_count"]
-
-
-def _optimizer_variables(model: Any, optimizer: Any) -> list[Any]:
-    if optimizer is None:
-        return []
-    if not optimizer.built:  # a new worker has not built its slots yet: the broadcast needs them
-        optimizer.build(model.trainable_variables)
-    return list(optimizer.variables)
 
 
 class KerasState(ObjectState):
@@ -86,7 +79,7 @@ class KerasState(ObjectState):
         self.model.set_weights(self._saved_model)
         opt = self.optimizer
         if opt is not None and not opt.built and self._saved_opt:  # a restarted job resumes a trained optimizer
-            _optimizer_variables(self.model, opt)
+            optimizer_variables(self.model, opt)
         if opt is not None and opt.built and len(self._saved_opt) == len(opt.variables):
             for var, value in zip(opt.variables, self._saved_opt):
                 var.assign(value)
@@ -97,7 +90,7 @@ class KerasState(ObjectState):
         self.model.train_function = None
 
     def sync(self) -> None:
-        variables = list(self.model.variables) + _optimizer_variables(self.model, self.optimizer)
+        variables = model_variables(self.model, self.optimizer)
         broadcast_variables(variables, 0, name="horo.elastic.KerasState")
         super().sync()
         self._save_model()

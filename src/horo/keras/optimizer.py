@@ -13,9 +13,9 @@ import sys
 from types import ModuleType
 from typing import Any
 
-from ..core.compression import Compression
-from ..core.ops import Adasum, Average
-from ..core.process_sets import global_process_set
+from ..core.api.compression import Compression
+from ..core.api.process_sets import global_process_set
+from ..core.base.ops import Adasum, Average
 from ..plugins.fused import FusedAllreduce
 from ..plugins.grad_settings import Settings, make_settings
 from . import backend as _backends

@@ -7,9 +7,9 @@ import tempfile
 from collections.abc import Sequence
 from typing import Any
 
-from ..core.compression import Compression
-from ..core.ops import Average
-from ..core.process_sets import global_process_set
+from ..core.api.compression import Compression
+from ..core.api.process_sets import global_process_set
+from ..core.base.ops import Average
 from ..plugins.grad_settings import make_settings
 from .optimizer import distribute_in_place, import_keras, is_distributed
 

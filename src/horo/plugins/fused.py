@@ -19,9 +19,10 @@ from typing import Any
 import numpy as np
 
 from .. import core
-from ..core.mpi_ops import ALIGN, aligned_view
-from ..core.ops import Adasum, Average, ReduceOp, Sum
-from ..core.process_sets import ProcessSet, resolve
+from ..core.api.process_sets import ProcessSet, resolve
+from ..core.base.ops import Adasum, Average, ReduceOp, Sum
+from ..core.transport import fusion
+from ..core.transport.mpi_ops import ALIGN, aligned_view
 
 __all__ = ["ALIGN", "FusedAllreduce", "layout_name"]
 
@@ -64,31 +65,25 @@ class FusedAllreduce:
             groups.setdefault(a.dtype, []).append(i)
         for dtype, idx in groups.items():
             item = dtype.itemsize
-            offsets, off = [], 0
-            for i in idx:
-                offsets.append(off)
-                off += -(-arrays[i].nbytes // ALIGN) * ALIGN  # next gradient starts 64-byte aligned
-            base = self._buffer(dtype, off)
-            flat = base[:off].view(dtype)
+            offsets, total = fusion.layout([arrays[i].size for i in idx], align=ALIGN // item)  # 64-byte aligned
+            flat = self._buffer(dtype, total * item)[:total * item].view(dtype)
             # float16/bfloat16 arithmetic in numpy is slow (no SIMD): leave their scaling to the core.
             fold = dtype in _FOLD_DTYPES and op in (Average, Sum)
             scale = prescale_factor / size if fold and op is Average else prescale_factor
-            for i, start in zip(idx, offsets):
-                n = arrays[i].size
-                dst = flat[start // item:start // item + n]
-                if fold and scale != 1.0:
-                    np.multiply(arrays[i].reshape(-1), scale, out=dst, casting="unsafe")
-                else:
-                    dst[...] = arrays[i].reshape(-1)
-            tag = layout_name(name, dtype, [arrays[i].shape for i in idx])
+            members = [arrays[i] for i in idx]
+            if fold and scale != 1.0:  # scaled while copied in: one pass less over the buffer
+                fusion.pack(flat, members, offsets,
+                            put=lambda dst, a, s=scale: np.multiply(a.reshape(-1), s, out=dst, casting="unsafe"))
+            else:
+                fusion.pack(flat, members, offsets)
+            views = [flat[o:o + a.size] for a, o in zip(members, offsets)]
+            tag = layout_name(name, dtype, [a.shape for a in members])
             if op is Adasum:  # one call for the whole list, but coefficients per gradient
-                core.grouped_allreduce_([flat[s // item:s // item + arrays[i].size] for i, s in zip(idx, offsets)],
-                                        op=op, prescale_factor=prescale_factor, postscale_factor=postscale_factor,
-                                        process_set=process_set, name=tag)
+                core.grouped_allreduce_(views, op=op, prescale_factor=prescale_factor,
+                                        postscale_factor=postscale_factor, process_set=process_set, name=tag)
             else:
                 core.allreduce_(flat, op=Sum if fold else op, prescale_factor=1.0 if fold else prescale_factor,
                                 postscale_factor=postscale_factor, process_set=process_set, name=tag)
-            for i, start in zip(idx, offsets):
-                n = arrays[i].size
-                outs[i] = flat[start // item:start // item + n].reshape(arrays[i].shape)
+            for i, v in zip(idx, views):
+                outs[i] = v.reshape(arrays[i].shape)
         return outs  # type: ignore[return-value]

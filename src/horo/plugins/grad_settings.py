@@ -6,9 +6,9 @@ import numbers
 from dataclasses import dataclass
 from typing import Any
 
-from ..core.compression import Compression
-from ..core.ops import Adasum, Average, ReduceOp, Sum, resolve_op
-from ..core.process_sets import ProcessSet
+from ..core.api.compression import Compression
+from ..core.api.process_sets import ProcessSet, resolve
+from ..core.base.ops import Adasum, Average, ReduceOp, Sum, resolve_op
 
 __all__ = ["Settings", "make_settings"]
 
@@ -28,8 +28,6 @@ class Settings:
 
     def size(self) -> int:
         """Ranks in the process set (needs horo.init())."""
-        from ..core.process_sets import resolve
-
         return resolve(self.process_set, "horo.keras.DistributedOptimizer").size()
 
 

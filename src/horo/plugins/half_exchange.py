@@ -1,24 +1,25 @@
 """16-bit gradient exchange whose float32 arithmetic runs in the framework, not in numpy.
 
 For ``Compression.fp16`` / ``.bf16`` the core could reduce the 16-bit buffer itself, but numpy has no
-vectorised float16 conversion (``horo.core.half`` is steady, yet ~10x slower than TF's or torch's casts).
-So the reduction is split around two collectives: ``scatter`` (an alltoall) hands every rank its 1/size
-share of everyone's 16-bit gradients, the framework sums that share in float32, scales it and rounds it
-once, and ``gather`` (an allgather of the 16-bit shares) completes the result. The wire carries 16 bits
-both ways, and every rank gets identical bits. Used by the TF plugin (inside a traced step, with the sum
-as graph ops) and by Keras on torch.
+vectorised float16 conversion (``horo.core.base.half`` is steady, yet ~10x slower than TF's or torch's casts).
+So the reduction (the core's, ``core.transport.half_reduce``) is split around two collectives: ``scatter`` (an
+alltoall) hands every rank its 1/size share of everyone's 16-bit gradients, ``reduce`` sums that share in the
+framework's float32 arithmetic, scales it and rounds it once, and ``gather`` (an allgather of the 16-bit
+shares) completes the result. The wire carries 16 bits both ways, and every rank gets identical bits. Used by
+``horo.tensorflow`` (inside a traced step, with the sum as graph ops) and by Keras on torch.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
 from .. import core
-from ..core.mpi_ops import scatter_counts
-from ..core.ops import Average, ReduceOp, Sum
-from ..core.process_sets import ProcessSet, resolve
+from ..core.api.process_sets import ProcessSet, resolve
+from ..core.base.ops import Average, ReduceOp, Sum
+from ..core.transport import fusion, half_reduce
 from .fused import layout_name
 
 __all__ = ["HalfExchange", "WIRE_DTYPES"]
@@ -50,23 +51,24 @@ class HalfExchange:
         ps = resolve(process_set, name)
         self.size, rank = ps.size(), ps.rank()
         self.process_set = process_set
+        self.op, self.pre, self.post = op, prescale_factor, postscale_factor
         self.counts = [int(np.prod(s, dtype=np.int64)) for s in shapes]
-        self.starts = [0]
-        for c in self.counts:
-            self.starts.append(self.starts[-1] + -(-c // _SEGMENT) * _SEGMENT)
-        total = self.starts.pop()
-        self.splits = scatter_counts(total, self.size)  # the same shares as the core's 16-bit allreduce
+        self.starts, total = fusion.layout(self.counts, align=_SEGMENT)
+        self.splits = half_reduce.scatter_counts(total, self.size)  # the shares of the core's 16-bit allreduce
         self.share = int(self.splits[rank])  # elements of the sum this rank computes
-        self.scale = prescale_factor * postscale_factor / (self.size if op is Average else 1)
         self.send = np.zeros(total, dtype)  # reused every step; the padding stays zero
         self.tag = layout_name(name, dtype, shapes)
 
     def scatter(self, arrays: Sequence[np.ndarray]) -> np.ndarray:
         """Send each rank its share; returns ``(size * share,)``: row r is rank r's part of my share."""
-        for a, start, n in zip(arrays, self.starts, self.counts):
-            self.send[start:start + n] = a.reshape(-1)
+        fusion.pack(self.send, arrays, self.starts)
         return core.alltoall(self.send, self.splits, name=f"{self.tag}.scatter",
                              process_set=self.process_set)[0]
+
+    def reduce(self, parts: Sequence[Any], math: half_reduce.Math) -> Any:
+        """This rank's share reduced in the framework's float32 arithmetic (``parts[r]``: rank r's part of it,
+        a row of what :meth:`scatter` returned, as a framework tensor), rounded once to 16 bits."""
+        return half_reduce.reduce_shares(parts, self.op, self.pre, self.post, self.size, math)
 
     def gather(self, share: np.ndarray) -> list[np.ndarray]:
         """Collect every rank's reduced share; returns flat results per gradient (64-byte aligned views)."""

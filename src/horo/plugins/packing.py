@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import zlib
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
 from .. import core
-from ..core.process_sets import ProcessSet
+from ..core.api.process_sets import ProcessSet
 
-__all__ = ["broadcast_arrays"]
+__all__ = ["broadcast_arrays", "model_variables", "optimizer_variables"]
 
 
 def _layout_name(prefix: str, arrays: Sequence[np.ndarray]) -> str:
@@ -41,3 +42,19 @@ def broadcast_arrays(arrays: Sequence[np.ndarray], root_rank: int, name: str = "
         result.append(out[off:off + a.nbytes].view(a.dtype).reshape(a.shape))
         off += a.nbytes
     return result
+
+
+def optimizer_variables(model: Any, optimizer: Any) -> list[Any]:
+    """A Keras optimizer's variables, building its slots for ``model`` first (a new worker has not built them,
+    and a broadcast needs them); [] without an optimizer. Keras' public API only, whatever the backend."""
+    if optimizer is None:
+        return []
+    if not optimizer.built:
+        optimizer.build(model.trainable_variables)
+    return list(optimizer.variables)
+
+
+def model_variables(model: Any, optimizer: Any = None) -> list[Any]:
+    """Every variable of a Keras model and of ``optimizer`` (default: the model's own)."""
+    opt = optimizer if optimizer is not None else getattr(model, "optimizer", None)
+    return list(model.variables) + optimizer_variables(model, opt)

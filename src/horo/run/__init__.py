@@ -5,7 +5,7 @@ Usage: ``hororun -np N [-H host1:2,host2:2 | --hostfile F] [--timeline-filename 
 [--hierarchical-allgather] [--verbose] [--mpiexec PATH] python train.py ...``; also ``python -m horo.run``.
 Process management is mpiexec's; hororun adds Horovod's flags, a hook that makes a failing rank end the whole
 job fast, and clean-up so no rank outlives the job. Horovod's ``HOROVOD_*`` tuning variables work as they are
-(see ``horo.core.config``); TensorFlow's C++ start-up banners are kept off unless ``--verbose``.
+(see ``horo.core.base.config``); TensorFlow's C++ start-up banners are kept off unless ``--verbose``.
 """
 
 from __future__ import annotations
@@ -18,9 +18,11 @@ import sys
 import tempfile
 from pathlib import Path
 
-from horo.core import mpi_env
-from horo.core.config import horo_name
+from horo.core.base.config import horo_name
+from horo.core.transport import mpi_env
 from horo.run.args import UsageError, parse_args
+from horo.run.check_build import check_build
+from horo.run.elastic_launch import run_elastic
 from horo.run.hosts import (
     HostParseError,
     any_remote,
@@ -29,6 +31,7 @@ from horo.run.hosts import (
     to_hydra_hostfile,
     to_openmpi_hostfile,
 )
+from horo.run.launch import first_rank_exit, run_job
 from horo.run.mpiexec import OPENMPI, LaunchPlan, MpiexecError, build_command, detect_flavor, find_mpiexec
 
 __all__ = ["RANK_HOOK_DIR", "main"]
@@ -61,20 +64,6 @@ def _rank_env(base: dict[str, str], timeline: str | None, np_: int | None = None
         # Absolute, so every rank writes where the user meant even if it starts in another directory.
         extra["HORO_TIMELINE"] = os.path.abspath(timeline)
     return extra
-
-
-def _first_rank_exit(folder: str, rc: int) -> int:
-    """The exit code of the rank that failed first (reported by the rank hook), else mpiexec's ``rc``."""
-    if rc == 0:
-        return 0
-    reports = []
-    for path in Path(folder).glob("exit.*"):
-        try:
-            when, code = path.read_text().split()
-            reports.append((float(when), int(code)))
-        except (OSError, ValueError):
-            continue
-    return min(reports)[1] if reports else rc
 
 
 # Not forwarded to other hosts: what belongs to the host or the shell, the launcher's own variables (mpiexec
@@ -111,8 +100,6 @@ def main(argv: list[str] | None = None) -> int:
     except SystemExit as exc:  # --help
         return exc.code if isinstance(exc.code, int) else 0
     if ns.check_build:
-        from horo.run.check_build import check_build
-
         print(check_build())
         return 0
 
@@ -168,8 +155,6 @@ def main(argv: list[str] | None = None) -> int:
         genv.update({k: v for k, v in env.items() if _exportable(k, v)})
 
     if ns.elastic:
-        from horo.run.elastic_launch import run_elastic
-
         return run_elastic(ns, mpiexec, flavor, env, genv, ssh_command)
 
     with tempfile.TemporaryDirectory(prefix="hororun-") as tmp:
@@ -191,12 +176,10 @@ def main(argv: list[str] | None = None) -> int:
             env_text = " ".join(f"{k}={shlex.quote(v)}" for k, v in extra.items())
             print(f"hororun: {flavor} launcher; ranks get {env_text}", file=sys.stderr)
             print(f"hororun: {shlex.join(cmd)}", file=sys.stderr, flush=True)
-        from horo.run.launch import run_job
-
         env["HORORUN_STATUS_DIR"] = tmp
         try:
             rc = run_job(cmd, env, hosts=[s.host for s in (hosts or file_hosts or [])])
         except OSError as exc:
             print(f"hororun: error: cannot start {mpiexec}: {exc}", file=sys.stderr)
             return 127
-        return _first_rank_exit(tmp, rc)
+        return first_rank_exit(tmp, rc)

@@ -6,6 +6,8 @@ import argparse
 import os
 from typing import NoReturn
 
+from horo.core.scheduling.autotune.settings import read_options
+
 __all__ = ["UsageError", "autotune_env", "build_parser", "parse_args"]
 
 _EXAMPLE = "hororun -np 2 python train.py"
@@ -163,7 +165,6 @@ def autotune_env(ns: argparse.Namespace) -> dict[str, str]:
         value = getattr(ns, attr, None)
         if value is not None:
             env[var] = os.path.abspath(value) if var in ("HORO_AUTOTUNE_LOG", "HORO_AUTOTUNE_CACHE") else value
-    from horo.core.autotune.settings import read_options
 
     try:
         read_options(env)

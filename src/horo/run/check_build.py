@@ -9,6 +9,7 @@ import os
 from collections.abc import Callable
 from typing import Any
 
+import horo
 from horo.plugins.quiet import quiet_import
 
 __all__ = ["check_build", "probe_module"]
@@ -31,7 +32,7 @@ def probe_module(name: str) -> tuple[Any | None, str]:
     except (ImportError, ValueError):
         return None, "not installed"
     try:
-        module = importlib.import_module(name)
+        module = importlib.import_module(name)  # lazy: a framework, probed for the report
     except Exception as exc:  # noqa: BLE001 - a broken install must not break the report
         return None, f"installed but import failed: {type(exc).__name__}: {exc}"
     return module, str(getattr(module, "__version__", "unknown version"))
@@ -80,8 +81,6 @@ def _nccl_local() -> tuple[bool, str]:
 def _horo_flag(name: str) -> bool | None:
     """``horo.<name>()`` when horo's core provides it and answers without init, else None."""
     try:
-        import horo
-
         func: Callable[[], bool] | None = getattr(horo, name, None)
         return None if func is None else bool(func())
     except Exception:  # noqa: BLE001 - horo's core may be absent or half-written: compute locally

@@ -31,6 +31,7 @@ from horo.run.elastic_driver import (
     run_discovery_script,
 )
 from horo.run.hosts import HostParseError, parse_hosts_arg
+from horo.run.launch import first_rank_exit, run_job
 from horo.run.mpiexec import OPENMPI, openmpi_remote_args
 
 __all__ = ["run_elastic"]
@@ -90,8 +91,6 @@ def _launch(ns: argparse.Namespace, mpiexec: str, base_env: dict[str, str], genv
     if ns.verbose:
         print(f"hororun: elastic: workers on {assignment}", file=sys.stderr)
         print(f"hororun: {shlex.join(cmd)}", file=sys.stderr, flush=True)
-    from horo.run import _first_rank_exit
-    from horo.run.launch import run_job
 
     with tempfile.TemporaryDirectory(prefix="hororun-") as tmp:
         env["HORORUN_STATUS_DIR"] = tmp
@@ -102,7 +101,7 @@ def _launch(ns: argparse.Namespace, mpiexec: str, base_env: dict[str, str], genv
             driver.fatal = f"cannot start {mpiexec}: {exc}"
             return 127
         notes["reported"] = any(Path(tmp).glob("exit.*"))
-        rc = _first_rank_exit(tmp, rc)
+        rc = first_rank_exit(tmp, rc)
         if rc == 0 and notes["reported"]:
             rc = 1
     return rc

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-__all__ = ["JobWatch", "descendants", "kill_leftovers", "remove_stale_session_dirs", "run_job"]
+__all__ = ["JobWatch", "descendants", "first_rank_exit", "kill_leftovers", "remove_stale_session_dirs", "run_job"]
 
 _PR_SET_PDEATHSIG = 1
 _PR_SET_CHILD_SUBREAPER = 36
@@ -363,3 +363,17 @@ def run_job(cmd: list[str], env: dict[str, str], grace: float = 5.0, teardown: f
         _to_stderr(f"hororun: error: the job failed{named}: {why}. HINT: a lost host or a cut network link "
                    "looks like this; see the messages above.\n".encode())
     return rc if rc not in (0, -9, 137) else 1
+
+
+def first_rank_exit(folder: str, rc: int) -> int:
+    """The exit code of the rank that failed first (reported by the rank hook), else mpiexec's ``rc``."""
+    if rc == 0:
+        return 0
+    reports = []
+    for path in Path(folder).glob("exit.*"):
+        try:
+            when, code = path.read_text().split()
+            reports.append((float(when), int(code)))
+        except (OSError, ValueError):
+            continue
+    return min(reports)[1] if reports else rc

@@ -24,7 +24,7 @@ from torch.nn import Module
 from typing_extensions import override
 
 from .. import core
-from ..core.ops import Average
+from ..core.base.ops import Average
 from ..torch.backend import init_process_group as init_torch_distributed
 from ..torch.compression import Compression, Compressor
 from ..torch.exchange import GradientExchange, reduce_op

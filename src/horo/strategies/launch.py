@@ -9,6 +9,8 @@ import subprocess
 import sys
 from typing import NoReturn
 
+from horo.run.mpiexec import MpiexecError, local_command
+
 from .._launcher import launcher_rank, started_by_mpi
 
 __all__ = ["launcher_rank", "relaunch", "relaunch_command", "started_by_mpi"]
@@ -20,7 +22,6 @@ def relaunch_command(nprocs: int) -> list[str]:
     rank_cmd = [sys.executable, *argv]
     if os.environ.get("HORO_LAUNCHER", "hororun") != "mpiexec" and importlib.util.find_spec("horo.run"):
         return [sys.executable, "-m", "horo.run", "-np", str(nprocs), *rank_cmd]
-    from horo.run.mpiexec import MpiexecError, local_command
 
     try:
         return local_command(nprocs, rank_cmd)

@@ -23,8 +23,8 @@ from torch import Tensor
 from typing_extensions import override
 
 from .. import core
-from ..core.ops import Average, Max, Min, Product, Sum
-from ..core.ops import ReduceOp as HoroReduceOp
+from ..core.base.ops import Average, Max, Min, Product, Sum
+from ..core.base.ops import ReduceOp as HoroReduceOp
 from ..torch.backend import init_process_group as init_torch_distributed
 from ..torch.compression import Compression, Compressor
 from ..torch.exchange import GradientExchange, reduce_op

@@ -18,19 +18,19 @@ from ..core import (
     broadcast_object,
     join,
 )
-from ..plugins.tensorflow import (
+from . import elastic
+from .collectives import (
     allgather,
     allreduce,
     alltoall,
     broadcast,
     broadcast_variables,
     grouped_allreduce,
-    import_tf,
     reducescatter,
 )
-from . import elastic
 from .data import shard_dataset, steps_per_epoch
 from .gradient_tape import DistributedGradientTape
+from .tensors import import_tf
 
 __all__ = [
     *_shared,

@@ -1,7 +1,7 @@
-"""Elastic training for TensorFlow 2 custom loops: ``TensorFlowState`` (Horovod's API), and the Keras state.
+"""Elastic training for TensorFlow 2 custom loops: ``TensorFlowState`` and ``TensorFlowKerasState`` (Horovod's API).
 
 Also re-exports the framework-free part (``run``, ``State``, ``ObjectState``, ``HostsUpdatedInterrupt``,
-``HoroInternalError``/``HorovodInternalError``) and ``TensorFlowKerasState`` for ``model.fit`` users.
+``HoroInternalError``/``HorovodInternalError``). ``model.fit`` users have ``horo.keras.elastic``.
 """
 
 from __future__ import annotations
@@ -22,10 +22,10 @@ from ..elastic import (
     reset_count,
     run,
 )
-from ..plugins.tensorflow import broadcast_variables
+from ..plugins.packing import model_variables
+from .collectives import broadcast_variables
 
-__all__ = ["TensorFlowState", "run",  # and TensorFlowKerasState (lazy)
-           "State", "ObjectState", "HostsUpdatedInterrupt",
+__all__ = ["TensorFlowState", "TensorFlowKerasState", "run", "State", "ObjectState", "HostsUpdatedInterrupt",
            "HoroInternalError", "HorovodInternalError", "ElasticError", "reset_count"]
 
 
@@ -71,9 +71,19 @@ class TensorFlowState(ObjectState):
         self._save_vars()
 
 
-def __getattr__(name: str) -> Any:
-    if name == "TensorFlowKerasState":  # lazily: Keras is an optional extra of a TF custom-loop user
-        from ..keras.elastic import KerasState
+class TensorFlowKerasState(TensorFlowState):
+    """Horovod's state of a Keras model and its optimizer, for TF custom loops: a :class:`TensorFlowState` over
+    their variables (the optimizer's slots built first). ``model.fit`` on any Keras backend has
+    ``horo.keras.elastic.KerasState``.
 
-        return KerasState
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    Args:
+        model: a built ``keras.Model``.
+        optimizer: defaults to ``model.optimizer``.
+        backend: accepted for Horovod's signature; unused.
+        **kwargs: more values to save, restore and sync (``epoch=0, batch=0``).
+    """
+
+    def __init__(self, model: Any, optimizer: Any = None, backend: Any = None, **kwargs: Any) -> None:
+        self.model = model
+        self.optimizer = optimizer if optimizer is not None else getattr(model, "optimizer", None)
+        super().__init__(model_variables(model, self.optimizer), **kwargs)

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..core.compression import Compression
-from ..core.ops import Average
-from ..core.process_sets import global_process_set
-from ..plugins import tensorflow as tfp
+from ..core.api.compression import Compression
+from ..core.api.process_sets import global_process_set
+from ..core.base.ops import Average
 from ..plugins.grad_settings import Settings, make_settings
+from .collectives import reduce_gradients
+from .tensors import import_tf
 
 __all__ = ["DistributedGradientTape"]
 
@@ -19,11 +20,11 @@ class _DistributedTapeMixin:
     _horo_settings: Settings
 
     def gradient(self, target: Any, sources: Any, output_gradients: Any = None, **kwargs: Any) -> Any:
-        tf = tfp.import_tf()
+        tf = import_tf()
         grads = super().gradient(target, sources, output_gradients, **kwargs)  # type: ignore[misc]
         s = self._horo_settings
         flat = tf.nest.flatten(grads, expand_composites=False)
-        reduced = tfp.reduce_gradients(flat, op=s.op, compression=s.compression,
+        reduced = reduce_gradients(flat, op=s.op, compression=s.compression,
                                        prescale_factor=s.prescale_factor, postscale_factor=s.postscale_factor,
                                        sparse_as_dense=s.sparse_as_dense, process_set=s.process_set,
                                        name="horo.tensorflow.gradients")
@@ -60,7 +61,7 @@ def DistributedGradientTape(gradtape: Any, device_dense: str = "", device_sparse
     Returns:
         A tape of a subclass of ``type(gradtape)`` sharing its recording.
     """
-    tf = tfp.import_tf()
+    tf = import_tf()
     if not isinstance(gradtape, tf.GradientTape):
         raise TypeError(f"DistributedGradientTape wraps a tf.GradientTape. Received: gradtape={gradtape!r}. "
                         "HINT: with tf.GradientTape() as tape: ...; tape = hvd.DistributedGradientTape(tape).")

@@ -3,7 +3,4 @@
 from __future__ import annotations
 
 from ..keras import *  # noqa: F403
-from ..keras import (
-    __all__,  # noqa: F401
-    callbacks,  # noqa: F401  (lazy in horo.keras; imported here so `hvd.callbacks` works)
-)
+from ..keras import __all__  # noqa: F401

@@ -6,7 +6,8 @@ import argparse
 import os
 import sys
 
-from .bed import HEAD, TestbedError, down, exec_argv, host_pids, kill_host, link_bytes, load, set_link, up
+from .bed import HEAD, TestbedError, down, load, up
+from .control import exec_argv, host_pids, kill_host, link_bytes, set_link
 
 __all__ = ["main"]
 

@@ -32,10 +32,8 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-__all__ = [
-    "HEAD", "SUBNET", "Bed", "Host", "TestbedError", "down", "exec_argv", "host_pids", "kill_host", "link_bytes",
-    "load", "set_link", "state_dir", "unsupported_reason", "up",
-]
+__all__ = ["HEAD", "SUBNET", "Bed", "Host", "TestbedError", "down", "load", "run", "shell_flags", "state_dir",
+           "unsupported_reason", "up"]
 
 SUBNET = "198.18.0"  # /24, RFC 2544 benchmarking range
 HEAD = "head"
@@ -114,7 +112,7 @@ def unsupported_reason() -> str | None:
     return None
 
 
-def _run(*cmd: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+def run(*cmd: str, check: bool = True) -> subprocess.CompletedProcess[str]:
     proc = subprocess.run(list(cmd), capture_output=True, text=True, timeout=30)
     if check and proc.returncode != 0:
         raise TestbedError(f"`{' '.join(cmd)}` failed ({proc.returncode}): {(proc.stderr or proc.stdout).strip()}")
@@ -134,7 +132,7 @@ def _shape(netns: str, dev: str, rate: str | None, delay: str | None) -> None:
     """Rate-limit (tbf) and optionally delay (netem) what ``dev`` in ``netns`` sends."""
     parent = ["root"]
     if delay:
-        proc = _run("ip", "netns", "exec", netns, "tc", "qdisc", "add", "dev", dev, "root", "handle", "1:",
+        proc = run("ip", "netns", "exec", netns, "tc", "qdisc", "add", "dev", dev, "root", "handle", "1:",
                     "netem", "delay", delay, check=False)
         if proc.returncode != 0:
             raise TestbedError(
@@ -147,7 +145,7 @@ def _shape(netns: str, dev: str, rate: str | None, delay: str | None) -> None:
         # A 2 ms bucket: measured here to give 0.96 of the rate to one TCP stream; a much smaller one
         # throttles TCP bursts well below the rate.
         burst = max(int(_rate_bytes(rate) * 0.002), 32 * 1024)
-        _run("ip", "netns", "exec", netns, "tc", "qdisc", "add", "dev", dev, *parent, "handle", "10:", "tbf",
+        run("ip", "netns", "exec", netns, "tc", "qdisc", "add", "dev", dev, *parent, "handle", "10:", "tbf",
              "rate", rate, "burst", str(burst), "latency", "20ms")
 
 
@@ -258,17 +256,17 @@ def _build(bed: Bed, count: int, prefix: str, rate: str | None, delay: str | Non
     hosts_file.write_text("127.0.0.1 localhost\n::1 localhost ip6-localhost\n"
                           + "".join(f"{SUBNET}.{o} {n}\n" for n, o in octets.items()))
     br = bed.bridge_netns
-    _run("ip", "netns", "add", br)
-    _run("ip", "-n", br, "link", "add", "br0", "type", "bridge")
-    _run("ip", "-n", br, "link", "set", "br0", "up")
+    run("ip", "netns", "add", br)
+    run("ip", "-n", br, "link", "add", "br0", "type", "bridge")
+    run("ip", "-n", br, "link", "set", "br0", "up")
     for host, octet in octets.items():
         netns = f"{bed.name}-{host}"
-        _run("ip", "netns", "add", netns)
-        _run("ip", "-n", br, "link", "add", host, "type", "veth", "peer", "name", "eth0", "netns", netns)
-        _run("ip", "-n", br, "link", "set", host, "master", "br0", "up")
-        _run("ip", "-n", netns, "addr", "add", f"{SUBNET}.{octet}/24", "dev", "eth0")
-        _run("ip", "-n", netns, "link", "set", "eth0", "up")
-        _run("ip", "-n", netns, "link", "set", "lo", "up")
+        run("ip", "netns", "add", netns)
+        run("ip", "-n", br, "link", "add", host, "type", "veth", "peer", "name", "eth0", "netns", netns)
+        run("ip", "-n", br, "link", "set", host, "master", "br0", "up")
+        run("ip", "-n", netns, "addr", "add", f"{SUBNET}.{octet}/24", "dev", "eth0")
+        run("ip", "-n", netns, "link", "set", "eth0", "up")
+        run("ip", "-n", netns, "link", "set", "lo", "up")
         node = host != HEAD
         if node and (rate or delay):
             _shape(netns, "eth0", rate, delay)  # what the host sends
@@ -281,7 +279,7 @@ def _build(bed: Bed, count: int, prefix: str, rate: str | None, delay: str | Non
             bed.hosts.append(h)
         else:
             bed.head = h
-        line = f"{pid} {tmp} {_flags(h)}\n"
+        line = f"{pid} {tmp} {shell_flags(h)}\n"
         for key in (h.name, h.addr):
             (st / "pids" / key).write_text(line)
     agent = st / "ssh"
@@ -290,7 +288,7 @@ def _build(bed: Bed, count: int, prefix: str, rate: str | None, delay: str | Non
     (st / "bed.json").write_text(json.dumps(asdict(bed), indent=1))
 
 
-def _flags(h: Host) -> str:
+def shell_flags(h: Host) -> str:
     return "-n -u -i -m -p" if h.own_pid_ns else "-n -u -i -m"
 
 
@@ -308,91 +306,9 @@ def load(name: str = "horo") -> Bed:
 
 
 def _our_netns(name: str) -> list[str]:
-    proc = _run("ip", "netns", "list", check=False)
+    proc = run("ip", "netns", "list", check=False)
     found = [line.split()[0] for line in proc.stdout.splitlines() if line.strip()]
     return [n for n in found if n.startswith(f"{name}-")]
-
-
-def _ns_inode(pid: int, kind: str) -> str | None:
-    try:
-        return os.readlink(f"/proc/{pid}/ns/{kind}")
-    except OSError:
-        return None
-
-
-def host_pids(bed: Bed, host: str) -> list[int]:
-    """PIDs of the processes on ``host`` other than its holder (what a job left there, or is running)."""
-    h = bed.host(host)
-    kind = "pid" if h.own_pid_ns else "uts"
-    ns = _ns_inode(h.pid, kind)
-    if ns is None:
-        return []
-    out = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit() and int(entry) != h.pid and _ns_inode(int(entry), kind) == ns:
-            out.append(int(entry))
-    return sorted(out)
-
-
-def kill_host(bed: Bed, host: str, sig: int = signal.SIGKILL) -> list[int]:
-    """Send ``sig`` to every process on ``host`` except its holder (the host "dies"); returns the PIDs."""
-    pids = host_pids(bed, host)
-    for pid in pids:
-        try:
-            os.kill(pid, sig)
-        except OSError:
-            pass
-    return pids
-
-
-def set_link(bed: Bed, host: str, up_: bool) -> None:
-    """``ip link set eth0 up|down`` on ``host``: down cuts it silently (no RST, no FIN reaches a peer)."""
-    h = bed.host(host)
-    _run("ip", "-n", h.netns, "link", "set", "eth0", "up" if up_ else "down")
-
-
-def link_bytes(bed: Bed, host: str) -> tuple[int, int]:
-    """(received, sent) bytes on ``host``'s eth0, from the kernel's counters."""
-    h = bed.host(host)
-    base = ["ip", "netns", "exec", h.netns, "cat"]
-    rx = int(_run(*base, "/sys/class/net/eth0/statistics/rx_bytes").stdout)
-    tx = int(_run(*base, "/sys/class/net/eth0/statistics/tx_bytes").stdout)
-    return rx, tx
-
-
-def exec_argv(bed: Bed, host: str, argv: list[str], cwd: str | None = None) -> list[str]:
-    """argv that runs ``argv`` on ``host`` (its namespaces, its TMPDIR), keeping the caller's environment.
-
-    On the head there is no extra fork, so the caller's process (and signals to it) is the command itself.
-    """
-    h = bed.host(host)
-    tmp = os.path.join(bed.state, "tmp", h.name)
-    return ["nsenter", "-t", str(h.pid), *_flags(h).split(), f"--wd={cwd or os.getcwd()}", "--", "env",
-            f"TMPDIR={tmp}", *_mpi_env(), *argv]
-
-
-def _mpi_env() -> list[str]:
-    """Open MPI settings for the bed's ranks (hororun forwards them), each unless the caller set it.
-
-    * ``mpi_yield_when_idle=1``: every "host" shares this machine's cores, and the kernel moves their
-      packets (veth, tbf) in softirq time on those same cores. Ranks spinning in MPI's progress loop starve
-      it until the scheduler preempts them. Measured with 2 ranks on 2 hosts: a 16 B ``Allreduce`` took
-      4.2 ms spinning, 42 µs yielding. A real cluster's hosts have cores of their own.
-    * ``btl_tcp_links=2``: with one TCP connection per peer, an ``Allreduce`` (both directions at once)
-      reached 0.50-0.61 of a 1 Gbit/s link; with two, 0.94-0.96. Two plain TCP streams, one each way,
-      reach 0.92-0.94 here. This one may well help a real cluster too; it is not made hororun's default
-      without a real network to show it.
-    * ``PRTE_MCA_hwloc_default_binding_policy=none`` (read by the launcher on the head): every "host" sees
-      all of this machine's cores, so Open MPI bound the first rank of *each* host to core 0, the same
-      core. 2 hosts x 1 rank then ran on one core of two: a Keras step of 14 ms took 28 ms in each rank,
-      13.3 ms unbound. Unbound, the hosts share the cores as the scheduler sees fit.
-    """
-    out = []
-    for key, value in (("OMPI_MCA_mpi_yield_when_idle", "1"), ("OMPI_MCA_btl_tcp_links", "2"),
-                       ("PRTE_MCA_hwloc_default_binding_policy", "none")):
-        if key not in os.environ:
-            out.append(f"{key}={value}")
-    return out
 
 
 def down(name: str = "horo") -> list[str]:
@@ -405,7 +321,7 @@ def down(name: str = "horo") -> list[str]:
     for netns in _our_netns(name):
         # Every process in the namespace: holders (which takes their PID namespaces down) and anything
         # that entered it without a PID namespace of its own (the head's jobs).
-        pids = _run("ip", "netns", "pids", netns, check=False).stdout.split()
+        pids = run("ip", "netns", "pids", netns, check=False).stdout.split()
         for pid in pids:
             try:
                 os.kill(int(pid), signal.SIGKILL)
@@ -414,9 +330,9 @@ def down(name: str = "horo") -> list[str]:
         removed += [f"pid {p}" for p in pids]
     for netns in _our_netns(name):
         deadline = time.monotonic() + 5
-        while _run("ip", "netns", "pids", netns, check=False).stdout.split() and time.monotonic() < deadline:
+        while run("ip", "netns", "pids", netns, check=False).stdout.split() and time.monotonic() < deadline:
             time.sleep(0.05)
-        _run("ip", "netns", "del", netns, check=False)
+        run("ip", "netns", "del", netns, check=False)
         removed.append(f"netns {netns}")
     st = state_dir(name)
     if st.exists():

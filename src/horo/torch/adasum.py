@@ -20,10 +20,10 @@ from typing import Any
 import torch
 
 from .. import core
-from ..core.ops import Adasum
-from ..core.process_sets import ProcessSet
-from ..plugins.torch import Staged, stage
+from ..core.api.process_sets import ProcessSet
+from ..core.base.ops import Adasum
 from .compression import Compressor
+from .tensors import Staged, stage
 
 __all__ = ["AdasumDeltas"]
 

@@ -25,7 +25,7 @@ import torch.distributed as dist
 
 from .. import core
 from .._launcher import started_by_mpi
-from ..core.process_sets import ProcessSet
+from ..core.api.process_sets import ProcessSet
 from .process_group import HoroProcessGroup
 
 __all__ = ["BACKEND", "LocalStore", "init_process_group", "process_set_of", "register"]

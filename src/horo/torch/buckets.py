@@ -24,13 +24,13 @@ from typing import Any
 import torch
 
 from .. import core
-from ..core.device import device_meta
-from ..core.errors import MismatchError
-from ..core.ops import ReduceOp
-from ..core.prepared import PreparedAllreduce, eligible, event, record, wait
-from ..core.process_sets import ProcessSet, resolve
-from ..plugins.torch import stage
+from ..core.api.gpu_prepared import PreparedAllreduce, eligible, event, record, wait
+from ..core.api.process_sets import ProcessSet, resolve
+from ..core.base.errors import MismatchError
+from ..core.base.ops import ReduceOp
+from ..core.transport.device import device_meta
 from . import prepared
+from .tensors import stage
 
 __all__ = ["Bucket", "Buckets", "assign"]
 

@@ -21,13 +21,13 @@ from typing import Any
 import torch
 
 from .. import core
-from ..core.config import config
-from ..core.ops import Adasum, Average, ReduceOp, Sum, resolve_op
-from ..core.process_sets import ProcessSet
-from ..plugins.torch import Staged, stage
+from ..core.api.process_sets import ProcessSet
+from ..core.base.config import config
+from ..core.base.ops import Adasum, Average, ReduceOp, Sum, resolve_op
 from .buckets import Buckets
 from .compression import Compression, Compressor
 from .ops import sparse_allreduce_async
+from .tensors import Staged, stage
 
 __all__ = ["GradientExchange"]
 

@@ -23,10 +23,10 @@ import torch
 from torch.autograd.function import FunctionCtx
 
 from .. import core
-from ..core.ops import Average, ReduceOp, Sum, resolve_op
-from ..core.process_sets import ProcessSet
-from ..plugins.torch import stage
+from ..core.api.process_sets import ProcessSet
+from ..core.base.ops import Average, ReduceOp, Sum, resolve_op
 from .compression import Compression, Compressor
+from .tensors import stage
 
 __all__ = [
     "allgather",

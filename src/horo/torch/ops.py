@@ -14,11 +14,11 @@ import numpy as np
 import torch
 
 from .. import core
-from ..core.errors import HoroTypeError
-from ..core.ops import Average, ReduceOp, Sum, resolve_op
-from ..core.process_sets import ProcessSet, resolve
-from ..plugins.torch import Staged, stage
+from ..core.api.process_sets import ProcessSet, resolve
+from ..core.base.errors import HoroTypeError
+from ..core.base.ops import Average, ReduceOp, Sum, resolve_op
 from . import prepared
+from .tensors import Staged, stage
 
 __all__ = [
     "allgather_async",

@@ -10,8 +10,8 @@ from typing import Any
 
 import torch
 
-from ..core.ops import Adasum, Average
-from ..core.process_sets import ProcessSet, resolve
+from ..core.api.process_sets import ProcessSet, resolve
+from ..core.base.ops import Adasum, Average
 from .adasum import AdasumDeltas
 from .compression import Compression, Compressor
 from .exchange import GradientExchange, reduce_op

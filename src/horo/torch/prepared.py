@@ -3,7 +3,7 @@
 ``horo.torch.allreduce_`` on a CUDA tensor whose dtype, shape, device and arguments match an earlier checked
 call skips the checks, the CuPy view and the backend lookup: it agrees with the other ranks (16 bytes over
 MPI, so mismatches still raise on every rank) and launches NCCL on torch's current stream at the tensor's
-pointer (``core.prepared``). Gradient buckets (``buckets.py``) run the same plans on their side stream.
+pointer (``core.api.gpu_prepared``). Gradient buckets (``buckets.py``) run the same plans on their side stream.
 """
 
 from __future__ import annotations
@@ -13,10 +13,10 @@ from typing import Any
 
 import torch
 
-from ..core.checks import allreduce_args, name_arg
-from ..core.device import device_meta
-from ..core.prepared import PreparedAllreduce, eligible
-from ..core.process_sets import ProcessSet
+from ..core.api.checks import allreduce_args, name_arg
+from ..core.api.gpu_prepared import PreparedAllreduce, eligible
+from ..core.api.process_sets import ProcessSet
+from ..core.transport.device import device_meta
 
 __all__ = ["allreduce_", "finish", "raw_stream", "remember", "start"]
 

@@ -4,7 +4,7 @@ Each method takes torch.distributed's arguments (lists of tensors, an options ob
 synchronous collectives on the group's process set, so torch code inherits horo's guarantees: every rank
 agrees on the call first (a rank calling ``all_reduce`` while another calls ``broadcast`` raises
 ``MismatchError`` on both), CPU tensors move without copies where they are contiguous, CUDA tensors go to the
-core's GPU path (``horo.plugins.torch.stage``). The returned ``Work`` is already complete.
+core's GPU path (``horo.torch.tensors.stage``). The returned ``Work`` is already complete.
 
 Shapes and dtypes that torch.distributed requires to be equal on every rank are part of the agreement (in the
 collective's name), so a mismatch raises everywhere instead of corrupting data. Tensors of dtypes horo does not
@@ -25,8 +25,8 @@ from torch._C._distributed_c10d import _create_work_from_future
 from torch.futures import Future
 
 from .. import core
-from ..core.process_sets import ProcessSet
-from ..plugins.torch import SUPPORTED_DTYPES, stage
+from ..core.api.process_sets import ProcessSet
+from .tensors import SUPPORTED_DTYPES, stage
 
 __all__ = ["HoroProcessGroup"]
 

@@ -7,7 +7,7 @@ from typing import Any
 import torch.utils.data
 
 from .. import core
-from ..core.process_sets import ProcessSet
+from ..core.api.process_sets import ProcessSet
 
 __all__ = ["DistributedSampler"]
 

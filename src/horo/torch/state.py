@@ -9,9 +9,9 @@ from typing import Any
 import torch
 
 from .. import core
-from ..core.process_sets import ProcessSet
+from ..core.api.process_sets import ProcessSet
 from ..plugins.packing import broadcast_arrays
-from ..plugins.torch import stage, to_tensor
+from .tensors import stage, to_tensor
 
 __all__ = ["allgather_object", "broadcast_object", "broadcast_optimizer_state", "broadcast_parameters"]
 

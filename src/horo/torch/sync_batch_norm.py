@@ -20,8 +20,8 @@ from torch.autograd.function import FunctionCtx
 from torch.nn.modules.batchnorm import _BatchNorm
 
 from .. import core
-from ..core.process_sets import ProcessSet
-from ..plugins.torch import stage
+from ..core.api.process_sets import ProcessSet
+from .tensors import stage
 
 __all__ = ["SyncBatchNorm"]
 

@@ -25,4 +25,4 @@ def current() -> ModuleType:
             f"horo.keras supports the TensorFlow, torch and JAX Keras backends. Received: "
             f"KERAS_BACKEND={name!r}. HINT: set KERAS_BACKEND=tensorflow, torch or jax before importing keras."
         )
-    return importlib.import_module(f"{__name__}.{name}")
+    return importlib.import_module(f"{__name__}.{name}")  # lazy: each imports its framework

@@ -17,7 +17,7 @@ import threading
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
-from ...core.ops import Adasum
+from ...core.base.ops import Adasum
 from ...jax import _host
 from ...jax.exchange import reduce_gradients
 from ...plugins.fused import FusedAllreduce

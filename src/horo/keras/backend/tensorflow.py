@@ -5,9 +5,10 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from ...plugins import tensorflow as tfp
 from ...plugins.fused import FusedAllreduce
 from ...plugins.grad_settings import Settings
+from ...tensorflow.collectives import reduce_gradients
+from ...tensorflow.tensors import import_tf
 
 __all__ = ["exchange", "LocalAggregator", "GRAD_NAME"]
 
@@ -16,7 +17,7 @@ GRAD_NAME = "horo.keras.gradients"
 
 def exchange(grads: Sequence[Any], settings: Settings, fused: FusedAllreduce) -> list[Any]:
     """Reduce a step's gradients across the ranks in one fused exchange (order and dtypes kept)."""
-    return tfp.reduce_gradients(
+    return reduce_gradients(
         list(grads), op=settings.op, compression=settings.compression,
         prescale_factor=settings.prescale_factor, postscale_factor=settings.postscale_factor,
         sparse_as_dense=settings.sparse_as_dense, process_set=settings.process_set, name=GRAD_NAME,
@@ -38,7 +39,7 @@ class LocalAggregator:
         self.sums: list[Any] = []
 
     def _build(self, grads: Sequence[Any], variables: Sequence[Any]) -> None:
-        tf = tfp.import_tf()
+        tf = import_tf()
         with tf.init_scope():
             self.counter = tf.Variable(0, dtype=tf.int64, trainable=False, name="horo_passes")
             self.sums = [None if g is None else
@@ -48,7 +49,7 @@ class LocalAggregator:
     def step(self, optimizer: Any, grads: Sequence[Any], variables: Sequence[Any],
              apply_now: Callable[[list[Any]], Any]) -> None:
         """Add this pass's gradients; on every N-th pass call ``apply_now`` on the (averaged) sums."""
-        tf = tfp.import_tf()
+        tf = import_tf()
         if self.counter is None:
             self._build(grads, variables)
         for acc, g in zip(self.sums, grads):

@@ -7,71 +7,34 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
+import torch
 
 from ... import core
-from ...core.device import is_device_array
-from ...core.ops import Adasum
+from ...core.base.ops import Adasum
 from ...plugins.fused import FusedAllreduce
 from ...plugins.grad_settings import Settings
 from ...plugins.half_exchange import WIRE_DTYPES, HalfExchange
+from ...torch.compression import Compression
+from ...torch.tensors import TorchMath, to_host, to_tensor
 
 __all__ = ["exchange", "LocalAggregator", "GRAD_NAME"]
 
 GRAD_NAME = "horo.keras.gradients"
 
 
-def _to_host(t: Any) -> np.ndarray:
-    import torch
-
-    t = t.detach()
-    if t.is_sparse:
-        t = t.to_dense()
-    if t.device.type != "cpu":
-        t = t.cpu()
-    if t.dtype == torch.bfloat16:  # numpy has no bfloat16: reinterpret the bits as ml_dtypes' bfloat16
-        from ...core.dtypes import BFLOAT16
-
-        return t.contiguous().view(torch.int16).numpy().view(BFLOAT16)
-    return t.contiguous().numpy()
+def _on_device_of(a: np.ndarray, like: Any) -> Any:
+    """A host result as a tensor on ``like``'s device."""
+    return to_tensor(a, like.device)
 
 
-def _from_host(a: np.ndarray, like: Any) -> Any:
-    import torch
-
-    from ...core.dtypes import BFLOAT16
-
-    if BFLOAT16 is not None and a.dtype == BFLOAT16:
-        t = torch.from_numpy(a.view(np.int16)).view(torch.bfloat16)
-    else:
-        t = torch.from_numpy(a)
-    return t if like.device.type == "cpu" else t.to(like.device)
-
-
-def _compress(t: Any, compression: Any) -> tuple[Any, Any]:
-    import torch
-
+def _torch_compressor(compression: Any) -> Any:
+    """The torch compressor doing what ``compression`` (horo's, or a user's written for torch tensors) asks."""
     wire = getattr(compression, "wire_dtype", "custom")
-    if wire is None:
-        return t, None
-    if wire in ("float16", "bfloat16"):
-        target = torch.float16 if wire == "float16" else torch.bfloat16
-        if t.is_floating_point() and t.dtype != target:
-            return t.to(target), t.dtype
-        return t, None
-    return compression.compress(t)
-
-
-def _decompress(t: Any, ctx: Any, compression: Any) -> Any:
-    wire = getattr(compression, "wire_dtype", "custom")
-    if wire in (None, "float16", "bfloat16"):
-        return t if ctx is None else t.to(ctx)
-    return compression.decompress(t, ctx)
+    return {None: Compression.none, "float16": Compression.fp16, "bfloat16": Compression.bf16}.get(wire, compression)
 
 
 def check_not_compiled() -> None:
     """Refuse to run under torch.compile (Keras ``jit_compile=True``): MPI calls cannot be traced."""
-    import torch
-
     if torch.compiler.is_compiling():
         raise ValueError(
             "horo.keras.DistributedOptimizer cannot run inside torch.compile: the gradient exchange calls "
@@ -87,13 +50,14 @@ def exchange(grads: Sequence[Any], settings: Settings, fused: FusedAllreduce) ->
     idx = [i for i, g in enumerate(grads) if g is not None]
     if not idx:
         return grads
-    wires, ctxs = zip(*(_compress(grads[i].detach(), settings.compression) for i in idx))
-    if settings.op is not Adasum and all(is_device_array(w) for w in wires):
+    compressor = _torch_compressor(settings.compression)
+    wires, ctxs = zip(*(compressor.compress(grads[i].detach()) for i in idx))
+    if settings.op is not Adasum and all(w.is_cuda for w in wires):
         outs = core.grouped_allreduce(  # CUDA gradients: one NCCL group on the GPU, no host copy
             list(wires), op=settings.op, prescale_factor=settings.prescale_factor,
             postscale_factor=settings.postscale_factor, process_set=settings.process_set, name=GRAD_NAME)
         for k, i in enumerate(idx):
-            grads[i] = _decompress(outs[k], ctxs[k], settings.compression)
+            grads[i] = compressor.decompress(outs[k], ctxs[k])
         return grads
     wire_kind = getattr(settings.compression, "wire_dtype", None)
     half = [k for k, w in enumerate(wires) if wire_kind in WIRE_DTYPES and str(w.dtype) == f"torch.{wire_kind}"
@@ -103,11 +67,11 @@ def exchange(grads: Sequence[Any], settings: Settings, fused: FusedAllreduce) ->
     if half:  # summed in float32 by torch; numpy only moves the bytes (see horo.plugins.half_exchange)
         outs.update(zip(half, _reduce_16bit([wires[k] for k in half], settings, fused)))
     if rest:
-        arrays = fused([_to_host(wires[k]) for k in rest], settings.op, settings.prescale_factor,
+        arrays = fused([to_host(wires[k]) for k in rest], settings.op, settings.prescale_factor,
                        settings.postscale_factor, settings.process_set, GRAD_NAME)
-        outs.update((k, _from_host(a, wires[k])) for k, a in zip(rest, arrays))
+        outs.update((k, _on_device_of(a, wires[k])) for k, a in zip(rest, arrays))
     for k, i in enumerate(idx):
-        grads[i] = _decompress(outs[k], ctxs[k], settings.compression)
+        grads[i] = compressor.decompress(outs[k], ctxs[k])
     return grads
 
 
@@ -116,17 +80,13 @@ def _reduce_16bit(wires: Sequence[Any], settings: Settings, fused: FusedAllreduc
     key = ("half", shapes, wires[0].dtype)
     ex = fused.layouts.get(key)
     if ex is None:  # one layout (and send buffer) per gradient list, reused every step
-        ex = fused.layouts[key] = HalfExchange(shapes, _to_host(wires[0][:0]).dtype, settings.op,
+        ex = fused.layouts[key] = HalfExchange(shapes, to_host(wires[0][:0]).dtype, settings.op,
                                                settings.prescale_factor, settings.postscale_factor,
                                                settings.process_set, GRAD_NAME)
-    parts = _from_host(ex.scatter([_to_host(w) for w in wires]), wires[0]).view(ex.size, ex.share)
-    share = parts[0].float()
-    for k in range(1, ex.size):  # row by row: torch's sum over dim 0 is slower on CPU
-        share.add_(parts[k])
-    if ex.scale != 1.0:
-        share.mul_(ex.scale)
-    pieces = ex.gather(_to_host(share.to(wires[0].dtype)))
-    return [_from_host(p, w).view(w.shape) for p, w in zip(pieces, wires)]
+    parts = _on_device_of(ex.scatter([to_host(w) for w in wires]), wires[0]).view(ex.size, ex.share)
+    share = ex.reduce(parts, TorchMath(wires[0].dtype))
+    pieces = ex.gather(to_host(share))
+    return [_on_device_of(p, w).view(w.shape) for p, w in zip(pieces, wires)]
 
 
 class LocalAggregator:
@@ -141,8 +101,6 @@ class LocalAggregator:
     def step(self, optimizer: Any, grads: Sequence[Any], variables: Sequence[Any],
              apply_now: Callable[[list[Any]], Any]) -> None:
         """Add this pass's gradients; on every N-th pass call ``apply_now`` on the (averaged) sums."""
-        import torch
-
         if self.sums is None:
             self.sums = [None if g is None else torch.zeros_like(g.detach()) for g in grads]
         with torch.no_grad():

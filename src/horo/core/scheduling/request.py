@@ -1,0 +1,160 @@
+"""Requests: the collectives handed to an engine, and the handles their callers wait on.
+
+A request wraps one prepared operation (``transport.prepared``) with the name and signature the ranks
+negotiate; the engine runs it, alone, packed with other allreduces, or in a batch of its kind, and finishes
+it with a result or an error. ``synchronize`` lends the caller's thread to the engine's rounds while the
+engine thread is parked (``Engine.help``).
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+from typing import Any
+
+import numpy as np
+
+from ..base.errors import HoroInternalError
+from ..base.timeline import timeline
+from ..transport.prepared import Allreduce, Prepared
+from .negotiation import Signature
+
+__all__ = ["AUTO", "Request", "auto_name", "get", "poll", "submit", "synchronize"]
+
+AUTO = ".noname."  # in the names of unnamed ops, which are never cached
+
+_DONE_LOCK = threading.Lock()
+
+
+class _Done:
+    """``threading.Event``'s ``is_set``/``set``/``wait``, making the Event only for a caller that must block.
+
+    ``threading.Event()`` costs ~4 µs, a twentieth of a small async op, and a caller that ran the round
+    itself (``Engine.help``) finds its op done and never blocks.
+    """
+
+    __slots__ = ("event", "flag")
+
+    def __init__(self) -> None:
+        self.flag = False
+        self.event: threading.Event | None = None
+
+    def is_set(self) -> bool:
+        return self.flag
+
+    def set(self) -> None:
+        with _DONE_LOCK:
+            self.flag = True
+            event = self.event
+        if event is not None:
+            event.set()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        if self.flag:
+            return True
+        with _DONE_LOCK:
+            if self.flag:
+                return True
+            if self.event is None:
+                self.event = threading.Event()
+            event = self.event
+        return event.wait(timeout)
+
+
+class Request:
+    """One submitted collective: a prepared operation, under the name and signature the ranks agree on."""
+
+    __slots__ = ("batch_key", "done", "engine", "error", "fuse_key", "handle", "name", "prepared", "result",
+                 "send", "sig", "t_submit")
+
+    def __init__(self, name: str, sig: Signature, prepared: Prepared) -> None:
+        self.name, self.sig, self.prepared = name, sig, prepared
+        # An allreduce of host buffers the engine may pack with others of an equal key (Allreduce.fuse_key);
+        # requests of one round with an equal ``batch_key`` (built from agreed signature fields only) run
+        # together through their prepared class's ``run_batch``, e.g. GPU allreduces as one NCCL group.
+        self.fuse_key = prepared.fuse_key
+        self.batch_key = prepared.batch_key
+        self.send: np.ndarray | None = prepared.send if prepared.__class__ is Allreduce else None  # type: ignore[attr-defined]
+        self.done = _Done()
+        self.result: Any = None
+        self.error: BaseException | None = None
+        self.t_submit = timeline.now_us()
+        self.handle = 0
+        self.engine: Any = None  # the Engine it was submitted to
+
+    def finish(self, result: Any = None, error: BaseException | None = None) -> None:
+        self.result, self.error = result, error
+        self.done.set()
+
+
+_handles: dict[int, Request] = {}
+_handle_ids = itertools.count(1)
+_auto_ids: dict[str, itertools.count] = {}
+_handles_lock = threading.Lock()
+
+
+def auto_name(kind: str) -> str:
+    """Horovod-style name for an unnamed op; ranks must submit unnamed ops in the same order."""
+    with _handles_lock:
+        counter = _auto_ids.setdefault(kind, itertools.count())
+        return f"{kind}{AUTO}{next(counter)}"
+
+
+def submit(engine: Any, req: Request) -> int:
+    """Hand ``req`` to ``engine``; returns its handle for ``poll`` and ``synchronize``."""
+    engine.submit(req)
+    with _handles_lock:
+        req.handle = next(_handle_ids)
+        _handles[req.handle] = req
+    return req.handle
+
+
+def get(handle: Any) -> Request:
+    req = _handles.get(handle) if isinstance(handle, int) else None
+    if req is None:
+        raise ValueError(
+            f"Unknown or already synchronized handle. Received: handle={handle!r}. HINT: each handle from an "
+            "*_async call can be synchronized once."
+        )
+    return req
+
+
+def poll(handle: int) -> bool:
+    """True when the async op behind ``handle`` has finished (synchronize() will not block)."""
+    req = get(handle)
+    if req.done.is_set():
+        return True
+    if req.engine is not None:
+        req.engine.kick()  # a caller that polls does not run rounds itself
+    return False
+
+
+def synchronize(handle: int) -> Any:
+    """Wait for the async op behind ``handle`` and return its result (raising its error, if any)."""
+    req = get(handle)
+    eng = req.engine
+    if eng is not None:
+        eng.help(req)
+    if not req.done.flag:
+        _block(req, eng)
+    with _handles_lock:
+        _handles.pop(handle, None)
+    if req.error is not None:
+        raise req.error
+    return req.result
+
+
+def _block(req: Request, eng: Any) -> None:
+    """Wait until ``req`` is done (by another thread's round), or fail it if its engine has stopped."""
+    if eng is not None:
+        with eng.cv:  # the engine thread's round now has a waiter: it polls fast (its _poll_fast)
+            eng.waiters += 1
+            eng.stir()
+    try:
+        while not req.done.wait(0.5):
+            if eng is not None and not eng.thread.is_alive() and not req.done.is_set():
+                req.finish(error=eng.error or HoroInternalError("horo's engine stopped before this op ran."))
+    finally:
+        if eng is not None:
+            with eng.cv:
+                eng.waiters -= 1
