@@ -11,6 +11,7 @@ at the next commit. Each job has a hard time limit, and no process of it may be 
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -76,7 +77,8 @@ def _finished_equal(job: Job, size: int) -> None:
 
 @needs_ulfm
 @pytest.mark.timeout(400)
-@pytest.mark.parametrize("slots, np_, min_np, max_np", [(2, 2, 2, 4), (1, 1, 1, 2)], ids=["2-slots", "1-slot"])
+@pytest.mark.parametrize("slots, np_, min_np, max_np",
+                         [(2, 2, 2, 4), pytest.param(1, 1, 1, 2, marks=pytest.mark.slow)], ids=["2-slots", "1-slot"])
 def test_hosts_added_and_removed(tmp_path: Path, slots: int, np_: int, min_np: int, max_np: int) -> None:
     """Discovery lists localhost, then localhost and 127.0.0.1, then 127.0.0.1 alone: the world grows onto
     127.0.0.1 at a commit, then localhost's workers leave at a commit and 127.0.0.1's first worker is rank 0.
@@ -156,24 +158,34 @@ def test_min_np_timeout(tmp_path: Path) -> None:
     assert not job.results and [_world(w) for w in lines] == [(4, 0, A, 1)], _show(job)
 
 
+RESET_SCHEDULE = [(0, [f"{A}:2"]), (1, [f"{A}:2", f"{B}:2"]), (None, [f"{B}:2"])]
+
+
 @needs_ulfm
-@pytest.mark.timeout(400)
+@pytest.mark.timeout(300)
 def test_reset_limit(tmp_path: Path) -> None:
     """The hosts-added-and-removed schedule resets twice (growth, then removal): --reset-limit 1 ends the job
-    non-zero at the second reset; --reset-limit 2 lets it finish."""
-    schedule = [(0, [f"{A}:2"]), (1, [f"{A}:2", f"{B}:2"]), (None, [f"{B}:2"])]
-    (tmp_path / "one").mkdir()
-    (tmp_path / "two").mkdir()
-    job, lines = scenario(tmp_path / "one", schedule=schedule, extra=["--reset-limit", "1"])
+    non-zero at the second reset."""
+    job, lines = scenario(tmp_path, schedule=RESET_SCHEDULE, extra=["--reset-limit", "1"])
     assert job.rc != 0, _show(job)
     assert "the job was reset 2 times, more than --reset-limit allows. Received: reset_limit=1" in job.out, _show(job)
     assert [_world(w) for w in lines] == [(2, 0, A, 1), (4, 0, A, 2)] and not job.results, _show(job)
-    job, lines = scenario(tmp_path / "two", schedule=schedule, extra=["--reset-limit", "2"])
+
+
+@needs_ulfm
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_reset_limit_lets_that_many_resets_pass(tmp_path: Path) -> None:
+    """The same schedule with --reset-limit 2 finishes, with the first scenario's worlds."""
+    job, lines = scenario(tmp_path, schedule=RESET_SCHEDULE, extra=["--reset-limit", "2"])
     assert [_world(w) for w in lines] == [(2, 0, A, 1), (4, 0, A, 2), (2, 2, B, 3)], _show(job)
     _finished_equal(job, 2)
 
 
+# Two cool-downs and two growths: about 35 s on an idle machine, so `slow`; test_elastic_unit.py checks the
+# driver's cool-down (Horovod's back-off, a host offered again when it ends) in the default run.
 @needs_ulfm
+@pytest.mark.slow
 @pytest.mark.timeout(400)
 def test_excluded_host_comes_back_after_its_cooldown(tmp_path: Path) -> None:
     """--blacklist-cooldown-range 1 2; the worker with start rank 3 (on 127.0.0.1) raises at epoch 1 and,
@@ -182,13 +194,17 @@ def test_excluded_host_comes_back_after_its_cooldown(tmp_path: Path) -> None:
 
     Horovod's own test checks epochs 0-2 and 4; at 4 it expects 2 workers because its job happens to end
     before the second cool-down does. Here rank 0 waits for the host at the end of epochs 2 and 3, so the
-    host's return is part of the test."""
+    host's return is part of the test. In which epoch the host returns depends on how long the re-forming
+    took against the 2 s cool-down (on a loaded machine, longer), so the worlds are checked in the order
+    hororun's driver saw them, and the epochs at their ends."""
     job, lines = scenario(tmp_path, schedule=[(None, [f"{A}:2", f"{B}:2"])], exits={(1, 0): [3], (3, 0): [3]},
                           expect={2: [f"{A}:2", f"{B}:2"], 3: [f"{A}:2", f"{B}:2"]}, env={"EPOCHS": "5",
                                                                                       "EPOCH_WAIT": "0.25"},
                           extra=["--blacklist-cooldown-range", "1", "2"])
-    assert [_world(w) for w in lines] == [(4, 0, A, 1), (2, 0, A, 2), (2, 0, A, 2), (2, 0, A, 3), (4, 0, A, 4)], \
-        _show(job)
+    worlds = re.findall(r"hororun: elastic: world now has (\d+) worker", job.out)
+    assert worlds == ["4", "3", "2", "4", "3", "2", "4"], _show(job)  # fail, leave, back; twice
+    assert len(lines) == 5 and _world(lines[0]) == (4, 0, A, 1) and _world(lines[-1])[:3] == (4, 0, A), _show(job)
+    assert all(_world(w)[1:3] == (0, A) and w["size"] in (2, 4) for w in lines), _show(job)
     _finished_equal(job, 4)
     assert job.out.count(f"{B} is excluded for 2 s") == 2, _show(job)
     assert "2 worker(s) failed during the job" in job.out, _show(job)

@@ -10,6 +10,7 @@ import os
 import sys
 import time
 
+from .. import core
 from ..core.api import runtime
 from ..core.api.runtime import drop_runtime
 from ..core.base import watchdog
@@ -116,10 +117,8 @@ def spawn(hosts: list[tuple[str, str]]) -> None:
 
 def _next_spawns(rest: list[tuple[str, str]] | None) -> list[tuple[str, str]]:
     """Collective: rank 0's list of workers still to spawn (a worker just spawned learns it here)."""
-    from .. import core
-
     out = core.broadcast_object(rest if state.world is not None and state.world.Get_rank() == 0 else None, 0,
-                           name="horo.elastic.spawn")
+                                name="horo.elastic.spawn")
     return [tuple(h) for h in out or []]  # type: ignore[misc]
 
 

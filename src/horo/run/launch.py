@@ -16,6 +16,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from horo.run.reach import Probe
+
 __all__ = ["JobWatch", "descendants", "first_rank_exit", "kill_leftovers", "remove_stale_session_dirs", "run_job"]
 
 _PR_SET_PDEATHSIG = 1
@@ -153,7 +155,7 @@ _DAEMON_LOST = re.compile(rb"lost communication with a remote daemon|daemon fail
 # abort by a worker that had been spawned into the world).
 _ABORT = re.compile(rb"MPI_ABORT was invoked")
 _DAEMON_HOST = re.compile(rb"(?:Remote daemon:.*?on node\s+|Remote host:\s*)([A-Za-z0-9_.\-]+)")
-# horo's stall watchdog (core/watchdog.py), printed by a rank before it exits. It counts as a failure by
+# horo's stall watchdog (core/base/watchdog.py), printed by a rank before it exits. It counts as a failure by
 # itself: when the launcher's own host runs ranks, prterun reports nothing of their exit while a remote
 # daemon is cut off (measured on horo.testbed), so its lines alone would never end the job.
 _STALL = re.compile(rb"horo: error: rank \d+ on host ([A-Za-z0-9_.\-]+) has been blocked in ")
@@ -315,8 +317,6 @@ def run_job(cmd: list[str], env: dict[str, str], grace: float = 5.0, teardown: f
                 proc.kill()
             watch.merge(out_watch)
             if probe is None and hosts and watch.stalled:  # during the teardown wait
-                from horo.run.reach import Probe
-
                 probe = Probe(hosts)
             if watch.failed_at is not None and time.monotonic() > watch.failed_at + teardown:
                 killed_stuck = True
