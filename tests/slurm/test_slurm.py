@@ -8,7 +8,6 @@ left in the queue and no process but SLURM's and munge's daemons on any host.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import re
@@ -346,20 +345,10 @@ def _node_state(cluster, node: str, state: str) -> None:
     assert proc.returncode == 0, proc.stderr
 
 
-def _needs_leaving_by_discovery() -> None:
-    """The elastic driver whose hosts leave at a commit when discovery stops listing them (or a lost host comes
-    back after its cool-down) keeps its host table in ``horo.run.elastic_hosts``; without it these jobs would
-    keep the drained node to the end."""
-    if importlib.util.find_spec("horo.run.elastic_hosts") is None:
-        pytest.skip("this hororun's elastic driver does not let a host that discovery no longer lists leave at a "
-                    "commit (no horo.run.elastic_hosts)")
-
-
 def test_elastic_job_lets_a_drained_node_go_and_takes_it_back_when_resumed(cluster, tmp_path):
     """3 nodes x 1 task, ``hororun --host-discovery-script horo-slurm-discovery``: node3 drained mid-job leaves
     at the next commit (2 workers go on), resumed it is listed again and the job grows back to 3 from a commit.
     Every step is done once and the committed count is exact."""
-    _needs_leaving_by_discovery()
     discovery = Path(sys.executable).parent / "horo-slurm-discovery"
     out_dir = tmp_path / "out"
     out_dir.mkdir()
@@ -402,7 +391,6 @@ def test_elastic_job_takes_a_failed_node_back_after_its_cool_down(cluster, tmp_p
     """Every process of the job on node3 SIGKILLed (its Open MPI daemon too; slurmd stays, so the node stays
     listed): hororun goes on without node3 from the last commit, and once node3's cool-down
     (--blacklist-cooldown-range) is over the job grows back onto it."""
-    _needs_leaving_by_discovery()
     discovery = Path(sys.executable).parent / "horo-slurm-discovery"
     out_dir = tmp_path / "out"
     out_dir.mkdir()
