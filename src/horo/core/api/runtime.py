@@ -11,7 +11,7 @@ import traceback
 from collections.abc import Sequence
 from typing import Any
 
-from ..base.config import config, share
+from ..base.config import check_srun_world, config, share
 from ..base.errors import HoroInternalError
 from ..base.fault import horo_comms
 from ..base.state import require_init, state
@@ -56,6 +56,7 @@ def init(comm: Any = None, process_sets: Sequence[ProcessSet] | str | None = Non
     made = comm is None or not isinstance(comm, MPI.Comm)  # base is horo's own, unless it is COMM_WORLD
     if comm is None:
         base = MPI.COMM_WORLD
+        check_srun_world(base.Get_size())  # srun without PMIx: a world of singletons (docs/cluster.md)
         parent = MPI.Comm.Get_parent()
         if parent != MPI.COMM_NULL:
             # Spawned by an elastic world that grows (horo.elastic): join it; its ranks come first.
