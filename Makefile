@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.horo-installed
-EXTRAS ?= tensorflow-cpu,lightning,jax,flax,plot,test,autotune
+EXTRAS ?= tensorflow-cpu,lightning,jax,flax,plot,test,autotune,docs
 # Development pins (torch 2.13.0 CPU, ...): pyproject.toml states ranges; this file fixes what we test with.
 CONSTRAINTS ?= constraints.txt
 PIP_INSTALL = -m pip install --disable-pip-version-check -q -c $(CONSTRAINTS)
@@ -13,7 +13,7 @@ MPICH_VENV  ?= .venv-mpich
 MPICH_STAMP := $(MPICH_VENV)/.horo-installed
 export OMP_NUM_THREADS ?= 1
 
-.PHONY: install test test-slow test-all test-core test-mpich demo bench lint dist clean
+.PHONY: install test test-slow test-all test-core test-mpich demo bench lint docs dist clean
 
 $(STAMP): pyproject.toml $(CONSTRAINTS)
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -58,6 +58,11 @@ demo: $(STAMP)
 bench: $(STAMP)
 	$(VENV)/bin/hororun -np 2 $(PY) -m horo.bench allreduce
 
+# The documentation site in site/ (mkdocs.yml): strict, so a broken link, a missing page or a docstring the
+# API reference cannot read fails the build.
+docs: $(STAMP)
+	$(PY) -m mkdocs build --strict --site-dir site
+
 # sdist + wheel in dist/ (tests/test_packaging.py installs the wheel into a fresh venv and runs it).
 dist: $(STAMP)
 	rm -rf dist
@@ -67,4 +72,4 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check src tests examples tools
 
 clean:
-	rm -rf $(VENV) $(MPICH_VENV) build dist *.egg-info src/*.egg-info .pytest_cache
+	rm -rf $(VENV) $(MPICH_VENV) build dist site *.egg-info src/*.egg-info .pytest_cache

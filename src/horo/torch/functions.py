@@ -126,6 +126,7 @@ def allgather(tensor: torch.Tensor, name: str | None = None,
 
 def grouped_allgather(tensors: Sequence[torch.Tensor], name: str | None = None,
                       process_set: ProcessSet | None = None) -> list[torch.Tensor]:
+    """``allgather`` of each tensor of the list. Differentiable."""
     return [allgather(t, None if name is None else f"{name}.{i}", process_set) for i, t in enumerate(tensors)]
 
 

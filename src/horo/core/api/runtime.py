@@ -234,6 +234,7 @@ def shutdown() -> None:
 
 
 def is_initialized() -> bool:
+    """True between ``init()`` and ``shutdown()``."""
     return state.initialized
 
 
@@ -281,30 +282,37 @@ def mpi_threads_supported() -> bool:
 
 
 def mpi_built() -> bool:
+    """True when mpi4py is installed (horo's collectives run on MPI)."""
     return importlib.util.find_spec("mpi4py") is not None
 
 
 def mpi_enabled() -> bool:
+    """As ``mpi_built()``: MPI is horo's one controller."""
     return mpi_built()
 
 
 def gloo_built() -> bool:
+    """False: horo has no such backend (Horovod's query, kept for scripts that ask)."""
     return False
 
 
 def gloo_enabled() -> bool:
+    """False: horo has no such backend (Horovod's query, kept for scripts that ask)."""
     return False
 
 
 def rocm_built() -> bool:
+    """False: horo has no such backend (Horovod's query, kept for scripts that ask)."""
     return False
 
 
 def ddl_built() -> bool:
+    """False: horo has no such backend (Horovod's query, kept for scripts that ask)."""
     return False
 
 
 def ccl_built() -> bool:
+    """False: horo has no such backend (Horovod's query, kept for scripts that ask)."""
     return False
 
 
