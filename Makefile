@@ -47,6 +47,8 @@ test-mpich: export MPIR_CVAR_ENABLE_HEAVY_YIELD ?= 1
 test-mpich: $(MPICH_STAMP)
 	$(MPICH_VENV)/bin/python -m pytest -q -p no:cacheprovider tests/test_mpi_suites.py
 
+# Every example in examples/ (tests/test_docs.py checks that each one runs here or in a test); the elastic ones
+# with the launch lines of their docstrings.
 demo: $(STAMP)
 	$(VENV)/bin/hororun -np $(NP) $(PY) examples/collectives_demo.py
 	$(VENV)/bin/hororun -np $(NP) $(PY) examples/keras_fit.py
@@ -54,6 +56,12 @@ demo: $(STAMP)
 	$(VENV)/bin/hororun -np $(NP) $(PY) examples/flax_train.py --verify
 	$(VENV)/bin/hororun -np $(NP) $(PY) examples/lightning_fit.py
 	$(VENV)/bin/hororun -np $(NP) $(PY) examples/fabric_train.py
+	$(VENV)/bin/hororun -np 3 --min-np 2 --max-np 3 $(PY) examples/elastic_keras.py --epochs 2 --samples 1024
+	d=$$(mktemp -d) && cd $$d && printf '%s\n' localhost:2 127.0.0.1:1 > hosts.txt \
+		&& printf '%s\n' '#!/bin/sh' 'cat hosts.txt' > discover.sh && chmod +x discover.sh \
+		&& $(CURDIR)/$(VENV)/bin/hororun -np 3 --min-np 2 --max-np 3 --host-discovery-script ./discover.sh \
+		$(CURDIR)/$(PY) $(CURDIR)/examples/elastic_torch.py --epochs 1 --samples 600 --artifacts-dir artifacts; \
+		rc=$$?; rm -rf $$d; exit $$rc
 
 bench: $(STAMP)
 	$(VENV)/bin/hororun -np 2 $(PY) -m horo.bench allreduce

@@ -23,7 +23,8 @@ same per-rank batch at every size, one compute thread per rank. Reported per var
 Inside each run the variants are interleaved (rotating order) ``--rounds`` times, the median is kept. The
 verdict against bare mpi4py is paired: the median over rounds of bare's step time / horo's in the same round
 (then over runs), so that both come from one machine state. With 2 rounds, five runs of the same code gave
-0.95-1.08x; with 15, six runs gave 1.00-1.04x (README, "Session 19").
+0.95-1.08x; with 15, six runs gave 1.00-1.04x
+(docs/benchmarks.md, "How the figures are taken").
 
 Under a launcher (``hororun -np N python -m horo.bench keras``) it measures this size only.
 """
@@ -50,7 +51,7 @@ from horo.plugins.fused import FusedAllreduce
 from horo.run.mpiexec import local_command
 
 _MARK = "HORO_KERAS_BENCH "
-BARE_MPI_TARGET = 0.97  # issue 15: DistributedOptimizer at >= 0.97x the speed of bare mpi4py in the step
+BARE_MPI_TARGET = 0.97  # DistributedOptimizer at >= 0.97x the speed of bare mpi4py in the step
 
 
 def _verdict(ratio: float) -> str:
