@@ -101,6 +101,16 @@ def test_readme_is_a_product_page() -> None:
     assert "pip install" in head, "install must be on the README's first screen"
 
 
+def test_readme_links_resolve() -> None:
+    """The README is read outside the site (the repository's front page, the package's description): its
+    relative links must name files that exist."""
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    targets = re.findall(r"\]\((?!https?://|#)([^)#\s]+)", text)
+    assert targets, "the README links to nothing"
+    missing = sorted({t for t in targets if not (ROOT / t).exists()})
+    assert not missing, f"README.md links to files that do not exist: {missing}"
+
+
 def test_every_example_is_run() -> None:
     """Examples are templates users copy: each one runs in the suite or in ``make demo``."""
     runners = [(ROOT / "Makefile").read_text(encoding="utf-8")]
