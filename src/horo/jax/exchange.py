@@ -22,7 +22,7 @@ import numpy as np
 
 from ..core.api.compression import Compression
 from ..core.api.process_sets import ProcessSet
-from ..core.base.ops import Adasum, Average, ReduceOp, Sum
+from ..core.base.ops import Adasum, Average, Max, Min, Product, ReduceOp, Sum
 from ..plugins.fused import FusedAllreduce
 from ..plugins.half_exchange import WIRE_DTYPES, HalfExchange
 from ._host import host_call, np_dtype
@@ -116,10 +116,38 @@ def reduce_gradients(grads: Sequence[Any], *, op: ReduceOp = Average, compressio
     return out
 
 
+class _JaxMath:
+    """The 16-bit reduction's float32 arithmetic in XLA (``core.transport.half_reduce.Math``), rounding to
+    ``dtype``: it runs inside the compiled step, between the two host callbacks that move the shares."""
+
+    def __init__(self, dtype: np.dtype) -> None:
+        self.dtype = dtype
+
+    def widen(self, part: Any) -> Any:
+        import jax.numpy as jnp
+
+        return part.astype(jnp.float32)
+
+    def add(self, acc: Any, part: Any) -> Any:
+        return acc + self.widen(part)
+
+    def combine(self, op: ReduceOp, acc: Any, term: Any) -> Any:
+        import jax.numpy as jnp
+
+        return {Min: jnp.minimum, Max: jnp.maximum, Product: jnp.multiply}[op](acc, term)
+
+    def scale(self, acc: Any, factor: float) -> Any:
+        return acc * factor
+
+    def divide(self, acc: Any, n: int) -> Any:
+        return acc / n
+
+    def narrow(self, acc: Any) -> Any:
+        return acc.astype(self.dtype)
+
+
 def _reduce_16bit(wires: Sequence[Any], op: ReduceOp, prescale_factor: float, postscale_factor: float,
                   process_set: ProcessSet | None, name: str, fused: FusedAllreduce, gate: Any) -> list[Any]:
-    import jax.numpy as jnp
-
     dtype = np.dtype(wires[0].dtype)
     shapes = tuple(tuple(w.shape) for w in wires)
     key = ("jax-half", shapes, dtype.name, op, prescale_factor, postscale_factor, process_set, name)
@@ -129,10 +157,8 @@ def _reduce_16bit(wires: Sequence[Any], op: ReduceOp, prescale_factor: float, po
                                                process_set, name)
     total = ex.size * ex.share
     scatter, head = _gated(lambda *xs: [ex.scatter(xs)], gate, lambda *xs: [np.zeros(total, dtype)])
-    received = host_call(scatter, head + list(wires), [((total,), dtype)])[0]
-    share = received.reshape(ex.size, ex.share).astype(jnp.float32).sum(axis=0)
-    if ex.scale != 1.0:
-        share = share * ex.scale
+    received = host_call(scatter, head + list(wires), [((total,), dtype)])[0].reshape(ex.size, ex.share)
+    share = ex.reduce([received[r] for r in range(ex.size)], _JaxMath(dtype))
     gather, head = _gated(ex.gather, gate, lambda s: [np.zeros(n, dtype) for n in ex.counts])
-    outs = host_call(gather, head + [share.astype(dtype)], [((n,), dtype) for n in ex.counts])
+    outs = host_call(gather, head + [share], [((n,), dtype) for n in ex.counts])
     return [o.reshape(s) for o, s in zip(outs, shapes)]
