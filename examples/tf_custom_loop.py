@@ -73,6 +73,29 @@ for epoch in range(3):
     if hvd.rank() == 0:
         print(f"epoch {epoch + 1}: loss {float(avg_loss):.4f} ({steps} steps per rank, {hvd.size()} ranks)")
 
+
+# 8. Evaluate on a held-out shard: several independent collectives in one traced function. TensorFlow may
+#    run them in any order, differently on each rank; horo matches them across ranks by name.
+@tf.function
+def evaluate(batch, target):
+    logits = model(batch, training=False)
+    losses = tf.keras.losses.sparse_categorical_crossentropy(target, logits, from_logits=True)
+    correct = tf.reduce_sum(tf.cast(tf.equal(tf.argmax(logits, axis=1), target), tf.int64))
+    total_correct = hvd.allreduce(correct, op=hvd.Sum)
+    total_count = hvd.allreduce(tf.size(target, out_type=tf.int64), op=hvd.Sum)
+    worst_loss = hvd.allreduce(tf.reduce_max(losses), op=hvd.Max)
+    per_rank_loss = hvd.allgather(tf.reshape(tf.reduce_mean(losses), [1]))
+    return tf.cast(total_correct, tf.float64) / tf.cast(total_count, tf.float64), worst_loss, per_rank_loss
+
+
+x_val = rng.normal(size=(512, 64)).astype("float32")
+y_val = (x_val[:, :10].argmax(axis=1)).astype("int64")
+shard = slice(hvd.rank(), None, hvd.size())
+accuracy, worst, per_rank = evaluate(tf.constant(x_val[shard]), tf.constant(y_val[shard]))
+if hvd.rank() == 0:
+    print(f"validation accuracy over all ranks: {float(accuracy):.3f}; worst loss {float(worst):.3f}; "
+          f"mean loss per rank {[round(float(v), 3) for v in per_rank.numpy()]}")
+
 # Every rank ends with the same weights.
 digest = hvd.allgather(tf.reshape(tf.reduce_sum([tf.reduce_sum(v) for v in model.trainable_variables]), [1]))
 same = bool(np.all(digest.numpy() == digest.numpy()[0]))

@@ -1,7 +1,8 @@
 """Autotune: options, search, and real multi-rank jobs (through hororun) whose engine is tuned while it runs.
 
 Each job runs tests/scripts/autotune_job.py with a tiny budget (1 step per sample, 6 trials + the cache
-off), so settings change every ~6 steps; the assertions are about agreement, correctness and files, never about speed.
+off, the run-off and the final check against the defaults), so settings change every ~6 steps; the
+assertions are about agreement, correctness and files, never about speed.
 """
 
 from __future__ import annotations
@@ -20,11 +21,20 @@ from pathlib import Path
 import pytest
 
 from horo.core.scheduling.autotune import LOG_COLUMNS, Knobs, Search, explicit_knobs, read_options
-from horo.core.scheduling.autotune.search import CONFIRM_ROUNDS, CONTINUOUS, FINALISTS, from_unit, load_gp
+from horo.core.scheduling.autotune.search import (
+    CONFIRM_ROUNDS,
+    CONTINUOUS,
+    FINAL_MARGIN,
+    FINAL_ROUNDS,
+    FINALISTS,
+    decide,
+    from_unit,
+    load_gp,
+)
 from horo.run.args import UsageError, parse_args
 
 SCRIPTS = Path(__file__).resolve().parent / "scripts"
-STEPS = 100
+STEPS = 150
 TUNE_ENV = {"HORO_AUTOTUNE_STEPS_PER_SAMPLE": "1", "HORO_AUTOTUNE_WARMUP_SAMPLES": "0",
             "HORO_AUTOTUNE_BAYES_OPT_MAX_SAMPLES": "6"}
 
@@ -196,6 +206,61 @@ def test_an_on_off_knob_is_compared_like_with_like() -> None:
     assert s.best[0].cache_enabled, (s.best, s.history)
 
 
+def _search_to_the_end(s: Search, score: object) -> list[tuple[str, Knobs]]:
+    k: Knobs | None = s.first()
+    seen = []
+    while k is not None:
+        seen.append((s.phase, k))
+        k = s.tell(k, float(score(s, k)))  # type: ignore[operator]
+    return seen
+
+
+DEFAULTS = Knobs(1 << 20, 50.0, 1 << 20, True)
+FIXED_ONE_HOST = {"cycle_time_ms": 50.0, "cache_enabled": 1.0, **ONE_HOST}
+
+
+def test_final_check_keeps_the_defaults_when_the_winner_is_only_noise_better() -> None:
+    # The search saw 64 MiB far ahead; measured against the defaults in turn, it is 2 % better: noise.
+    pytest.importorskip("sklearn")
+    s = Search(Knobs(64 << 20, 50.0, 1 << 20, True), FIXED_ONE_HOST, 6, noise=0.8, defaults=DEFAULTS)
+
+    def score(s: Search, k: Knobs) -> float:
+        if s.phase == "final":
+            return 102.0 if k != DEFAULTS else 100.0
+        return 100.0 + k.fusion_threshold.bit_length()
+
+    seen = _search_to_the_end(s, score)
+    final = [k for ph, k in seen if ph == "final"]
+    # D W, W D, D W: the order alternates, so a drift over the check hits both alike.
+    winner = s.best[0]
+    assert final == [DEFAULTS, winner, winner, DEFAULTS, DEFAULTS, winner] and winner != DEFAULTS
+    assert s.decision is not None and s.decision.kept == "defaults" and s.phase == "done"
+    assert s.chosen[0] == DEFAULTS and "kept defaults" in s.decision.describe()
+
+
+def test_final_check_keeps_a_winner_that_beats_the_defaults_in_every_pair() -> None:
+    pytest.importorskip("sklearn")
+    s = Search(Knobs(64 << 20, 50.0, 1 << 20, True), FIXED_ONE_HOST, 6, noise=0.8, defaults=DEFAULTS)
+    _search_to_the_end(s, lambda s, k: 100.0 + k.fusion_threshold.bit_length() if k != DEFAULTS else 80.0)
+    assert s.decision is not None and s.decision.kept == "tuned", s.decision
+    assert s.chosen[0] == s.best[0] != DEFAULTS and s.decision.median > 1 + FINAL_MARGIN
+
+
+def test_final_check_rules() -> None:
+    assert decide([110, 108, 112], [100, 100, 100]).kept == "tuned"
+    assert decide([110, 99, 112], [100, 100, 100]).kept == "defaults"  # lost one pair
+    assert decide([104, 103, 104.5], [100, 100, 100]).kept == "defaults"  # within the noise band
+    assert decide([], []).kept == "defaults"
+
+
+def test_no_final_check_when_the_winner_is_the_default_setting() -> None:
+    pytest.importorskip("sklearn")
+    s = Search(DEFAULTS, FIXED_ONE_HOST, 6, noise=0.8, defaults=DEFAULTS)
+    seen = _search_to_the_end(s, lambda s, k: 200.0 if k == DEFAULTS else 100.0)
+    assert not [k for ph, k in seen if ph == "final"] and s.chosen[0] == DEFAULTS
+    assert s.decision is not None and s.decision.kept == "defaults" and not s.decision.ratios
+
+
 # ---- real jobs ------------------------------------------------------------------------------------------------
 def _pgrep(marker: str) -> str:
     return subprocess.run(["pgrep", "-af", marker], check=False, capture_output=True, text=True).stdout.strip()
@@ -254,19 +319,32 @@ def test_settings_change_at_the_same_round_everywhere_and_results_match_untuned(
     # Results bit-identical to the untuned run (and exact).
     assert {r["digest"] for r in tuned} | {r["digest"] for r in plain} == {tuned[0]["digest"]}
     assert max(r["max_err"] for r in tuned + plain) < 1e-3
-    # Frozen after the budget: 6 continuous trials + the cache off once + the run-off, then the best, everywhere.
+    # Frozen after the budget: 6 continuous trials + the cache off once + the run-off + the final check against
+    # the defaults (none when the winner is the default setting), then the kept setting, everywhere.
     trials = tuned[0]["trials"]
-    assert [t["phase"] for t in trials][-1] == "best" and len(trials) == 6 + 1 + FINALISTS * CONFIRM_ROUNDS + 1
-    assert [t["phase"] for t in trials].count("confirm") == FINALISTS * CONFIRM_ROUNDS, trials
+    phases = [t["phase"] for t in trials]
+    final = phases.count("final-defaults") + phases.count("final-winner")
+    assert final in (0, 2 * FINAL_ROUNDS) and phases.count("final-defaults") == final // 2, phases
+    assert phases[-1] in ("kept-tuned", "kept-defaults")
+    assert len(trials) == 6 + 1 + FINALISTS * CONFIRM_ROUNDS + final + 1
+    assert phases.count("confirm") == FINALISTS * CONFIRM_ROUNDS, trials
+    defaults = Knobs().as_dict()
+    assert all(t["knobs"] == defaults for t in trials if t["phase"] == "final-defaults")
+    if phases[-1] == "kept-defaults":
+        assert trials[-1]["knobs"] == defaults
+    else:
+        assert trials[-1]["knobs"] == next(t["knobs"] for t in trials if t["phase"] == "final-winner")
     assert all(not r["tuning"] for r in tuned)
     assert tuned[0]["frozen_at"] is not None and tuned[0]["frozen_at"] <= STEPS - 10, tuned[0]
     best = trials[-1]["knobs"]  # a tried setting (the one the GP rates highest), frozen everywhere
     assert best in [t["knobs"] for t in trials[:-1]] and logs[0][-1][1] == best
     assert all(r["knobs"] == best for r in tuned)
     assert len(logs[0]) == len(trials)  # one change per trial, the last one the frozen best; none afterwards
-    # The log: Horovod's columns + horo's, one row per trial, the best last.
+    # The log: Horovod's columns + horo's, one row per trial, the kept setting last with the final comparison.
     rows = read_log(log)
-    assert len(rows) == len(trials) and rows[-1]["phase"] == "best"
+    assert len(rows) == len(trials) and rows[-1]["phase"] == phases[-1]
+    assert rows[-1]["note"].startswith(phases[-1].replace("-", " ")), rows[-1]
+    assert final == 0 or "winner/defaults" in rows[-1]["note"]
     for row, t in zip(rows, trials):
         k = t["knobs"]
         assert (int(row["tensor_fusion_threshold"]), float(row["cycle_time_ms"]), int(row["chunk_bytes"]),
@@ -285,7 +363,9 @@ def test_explicit_knobs_are_held_fixed(tmp_path: Path) -> None:
     recs, _ = run_job(tmp_path, 2, {**TUNE_ENV, "HORO_FUSION_THRESHOLD": "2097152", "HOROVOD_CYCLE_TIME": "7",
                                     "HORO_AUTOTUNE": "1", "HORO_AUTOTUNE_LOG": str(log)})
     rows = read_log(log)
-    assert len(rows) == 6 + 1 + FINALISTS * CONFIRM_ROUNDS + 1  # search, cache off, run-off, best
+    final = sum(r["phase"].startswith("final-") for r in rows)
+    assert final in (0, 2 * FINAL_ROUNDS)
+    assert len(rows) == 6 + 1 + FINALISTS * CONFIRM_ROUNDS + final + 1  # search, cache off, run-off, final, kept
     assert {r["tensor_fusion_threshold"] for r in rows} == {"2097152"}
     assert {r["cycle_time_ms"] for r in rows} == {"7"}
     assert len({r["chunk_bytes"] for r in rows}) >= 3  # the free knob is still tuned

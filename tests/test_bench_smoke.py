@@ -33,12 +33,34 @@ def test_keras_bench_runs_and_reports_every_variant(tmp_path: Path, backend: str
         assert row in proc.stdout, proc.stdout
     assert re.search(r"vs bare mpi4py in the step = [0-9.]+x its speed \(target >= 0.97\) (PASS|FAIL)",
                      proc.stdout), proc.stdout
+    assert re.search(r"vs the additive limit \(independent ranks' step \+ raw allreduce\) = [0-9.]+ \(target >= "
+                     r"0.9\) (PASS|FAIL) \(per run: [0-9.]+\)", proc.stdout), proc.stdout
     summary = json.loads(out.read_text())["summary"]
     assert "size1_overhead" in summary, summary
+    assert 0 < summary["additive_ratio"] < 3, summary
     for key in ("efficiency", "efficiency_fp16", "efficiency_bare_mpi"):
         assert 0 < summary[key] < 2, summary
     if plot:
         assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.slow
+@pytest.mark.mpi
+@pytest.mark.timeout(600)
+def test_autotune_steady_bench_tunes_checks_against_the_defaults_and_compares(tmp_path: Path) -> None:
+    pytest.importorskip("sklearn")
+    log = tmp_path / "tune.csv"
+    proc = subprocess.run(
+        [sys.executable, "-m", "horo.run", "-np", "2", sys.executable, "-m", "horo.bench", "autotune_steady",
+         "--max-samples", "2", "--steps-per-sample", "1", "--warmup-samples", "0", "--after", "5", "--repeats", "2",
+         "--iters", "1", "--log", str(log)],
+        capture_output=True, text=True, timeout=580, cwd=tmp_path,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    for row in ("| autotune on ", "| autotune off ", "frozen / defaults = "):
+        assert row in proc.stdout, proc.stdout
+    last = log.read_text().strip().splitlines()[-1]
+    assert ",kept-tuned," in last or ",kept-defaults," in last, last
 
 
 @pytest.mark.mpi

@@ -52,7 +52,10 @@ def test_elastic_flags_follow_horovod():
     assert ns.elastic and ns.np == 2 and ns.min_np == 2 and ns.max_np == 4 and ns.elastic_timeout == 600
     ns = parse_args(["-np", "3", "--min-np", "2", "-H", "a:2,b:2", "--blacklist-cooldown-range", "1", "5",
                      "--reset-limit", "3", "python", "x.py"])
-    assert ns.max_np == 3 and ns.cooldown == [1.0, 5.0] and ns.reset_limit == 3
+    # With a host list and no --max-np, every slot offered is used (Horovod: no bound); on this machine only,
+    # -np is the bound.
+    assert ns.max_np is None and ns.cooldown == [1.0, 5.0] and ns.reset_limit == 3
+    assert parse_args(["-np", "3", "--min-np", "2", "python", "x.py"]).max_np == 3
     assert not parse_args(["-np", "2", "python", "x.py"]).elastic
 
 
@@ -106,6 +109,7 @@ def test_driver_tells_apart_workers_that_share_a_pid_on_different_hosts():
     logs: list[str] = []
     driver = ElasticDriver(lambda: {"a": 1, "b": 1, "c": 1}, 2, 3, log=logs.append)
     try:
+        driver.refresh()
         driver._world([["a", "ha", 7], ["b", "hb", 7], ["c", "hc", 7]])  # noqa: SLF001
         assert driver.table.in_use == {"a": 1, "b": 1, "c": 1}
         driver._world([["a", "ha", 7], ["b", "hb", 7]])  # noqa: SLF001 - c's worker died
@@ -122,14 +126,16 @@ def test_driver_grows_the_world_on_this_machine_only():
     logs: list[str] = []
     driver = ElasticDriver(lambda: {"localhost": 1, "nodeb": 2}, 1, 4, log=logs.append)
     try:
-        assert driver.initial_assignment(2, 5.0) == ["localhost", "nodeb"]
+        # Horovod's start: wait for -np slots, then take every slot up to --max-np.
+        assert driver.initial_assignment(2, 5.0) == ["localhost", "nodeb", "nodeb"]
         assert driver.handle({"op": "poll"})["free"] == 0
-        assert driver.handle({"op": "claim", "size": 2}) == {"hosts": []}
+        driver.table.update({"localhost": 1, "nodeb": 3})  # one slot more, on the other host
+        assert driver.handle({"op": "claim", "size": 3}) == {"hosts": []}
         driver.handle({"op": "poll"})
         told = [m for m in logs if m.startswith("not growing onto ['nodeb']")]
         assert len(told) == 1, logs
-        driver.table.update({"localhost": 2, "nodeb": 2})
-        assert driver.handle({"op": "claim", "size": 2}) == {"hosts": ["localhost"]}
+        driver.table.update({"localhost": 2, "nodeb": 3})
+        assert driver.handle({"op": "claim", "size": 3}) == {"hosts": ["localhost"]}
     finally:
         driver.server.server_close()
 
@@ -172,12 +178,13 @@ def test_driver_keeps_the_last_commit_and_forgets_a_lost_hosts_workers():
         driver.handle({"op": "commit", BLOB: b"one"})
         driver.handle({"op": "commit", BLOB: b"two"})
         assert driver.handle({"op": "resume"}) == {"ok": True, BLOB: b"two"}
+        driver.refresh()
         driver._world([["a", "ha", 7], ["b", "hb", 7], ["c", "hc", 7]])  # noqa: SLF001
         assert driver.world_reports == 1
         assert driver.lose_hosts(["hc"]) == ["c"]
         assert [(host, pid) for _t, host, pid in driver.failures] == [("c", 7)]
         assert driver.members == {} and driver.world_reports == 0
-        assert driver.initial_assignment(3, 1.0) == ["a", "b"]  # c is excluded for good
+        assert driver.initial_assignment(2, 1.0) == ["a", "b"]  # c is excluded for good
         driver._world([["a", "ha", 9], ["b", "hb", 9]])  # noqa: SLF001 - the restarted job
         assert len(driver.failures) == 1
         assert any("host c was lost (its Open MPI daemon too); c is excluded" in m for m in logs), logs
@@ -240,7 +247,8 @@ def test_a_job_across_hosts_grows_onto_them_by_a_restart():
     driver = ElasticDriver(lambda: {"localhost": 1, "nodeb": 2}, 1, 4)
     try:
         driver.restart_growth = True
-        assert driver.initial_assignment(2, 5.0) == ["localhost", "nodeb"]
+        assert driver.initial_assignment(2, 5.0) == ["localhost", "nodeb", "nodeb"]
+        driver.table.update({"localhost": 1, "nodeb": 3})  # discovery offers one slot more, on nodeb
         reply = driver.handle({"op": "poll"})
         assert reply["free"] == 0 and reply["remote_free"] == 1
         driver.handle({"op": "restart"})
@@ -325,3 +333,139 @@ def test_rank_0_hands_its_commits_to_a_real_driver(monkeypatch):
         assert drv.state_unsupported == "Mine"
     finally:
         drv.stop()
+
+
+def _driver(hosts: dict[str, int], **kw) -> tuple[ElasticDriver, list[str]]:
+    logs: list[str] = []
+    table = dict(hosts)
+    driver = ElasticDriver(lambda: dict(table), 1, 8, log=logs.append, **kw)
+    driver.table_source = table  # type: ignore[attr-defined] - what discovery prints, changed by the test
+    driver.refresh()
+    return driver, logs
+
+
+def test_workers_of_a_host_that_discovery_drops_are_told_to_leave():
+    """Horovod's semantics: a host no longer listed loses its workers at the next reset; a host listed with
+    fewer slots loses its newest workers; the ranks of the others are kept in order."""
+    driver, logs = _driver({"a": 2, "b": 2})
+    try:
+        members = [["a", "m", 1, 0], ["a", "m", 2, 0], ["b", "m", 3, 0], ["b", "m", 4, 0]]
+        assert driver._world(members) == {"ok": True, "leave": []}  # noqa: SLF001
+        driver.table_source.pop("a")
+        driver.table_source["b"] = 1
+        driver.refresh()
+        assert driver.handle({"op": "poll"})["remove"] == 3
+        reply = driver._world(members)  # noqa: SLF001
+        assert reply == {"ok": True, "leave": [["m", 1], ["m", 2], ["m", 4]]}
+        assert driver.handle({"op": "poll"})["remove"] == 0  # told already: no second interrupt
+        assert driver._world([members[2]]) == {"ok": True, "leave": []}  # noqa: SLF001
+        assert driver.failures == [], "workers that were told to leave did not fail"
+        assert any("3 worker(s) leave at this reset: a (no longer listed by host discovery); b (listed with 1 "
+                   "slot(s) now)" in m for m in logs), logs
+    finally:
+        driver.server.server_close()
+
+
+def test_a_failed_workers_host_is_excluded_and_its_other_workers_leave():
+    driver, logs = _driver({"a": 2, "b": 2})
+    try:
+        driver._world([["a", "m", 1, 0], ["a", "m", 2, 0], ["b", "m", 3, 0], ["b", "m", 4, 0]])  # noqa: SLF001
+        driver.handle({"op": "failed", "host": "a", "real": "m", "pid": 1, "error": "RuntimeError: bad batch"})
+        assert any("worker pid 1 on host a raised RuntimeError: bad batch; a is excluded for the rest of the job"
+                   in m for m in logs), logs
+        reply = driver._world([["a", "m", 2, 1], ["b", "m", 3, 1], ["b", "m", 4, 1]])  # noqa: SLF001
+        assert reply["leave"] == [["m", 2]] and len(driver.failures) == 1  # reported once, not twice
+        assert driver.reset_count == 1
+        # Then one worker of b fails too: every host must leave, and that ends the job clearly.
+        reply = driver._world([["b", "m", 3, 2]])  # noqa: SLF001
+        assert reply["ok"] is False and "every host of the job must leave (b: excluded after a failure)" in \
+            reply["fatal"] and driver.fatal == reply["fatal"]
+    finally:
+        driver.server.server_close()
+
+
+def test_a_job_on_this_machine_alone_keeps_its_survivors():
+    """Without a host list, excluding the only host would end the job at its first failure: the survivors stay,
+    and the host only gets no new workers."""
+    driver, _logs = _driver({"localhost": 3}, keep_survivors=True)
+    try:
+        driver._world([["localhost", "m", 1, 0], ["localhost", "m", 2, 0], ["localhost", "m", 3, 0]])  # noqa: SLF001
+        assert driver._world([["localhost", "m", 1, 1], ["localhost", "m", 2, 1]]) == {"ok": True, "leave": []}  # noqa: SLF001
+        assert driver.table.free_slots() == [] and len(driver.failures) == 1
+    finally:
+        driver.server.server_close()
+
+
+def test_cooldown_grows_like_horovods():
+    """LO * 2**n + U(0, LO), kept within LO..HI; a second worker of a host already cooling down does not
+    extend it."""
+    t = HostTable(cooldown=(1.0, 10.0))
+    t.update({"a": 1})
+    first = t.exclude("a")
+    assert first is not None and 2.0 <= first <= 3.0
+    assert t.exclude("a") <= first  # the same failure's other worker
+    t.excluded["a"] = 0.0  # the cool-down is over
+    second = t.exclude("a")
+    assert second is not None and 4.0 <= second <= 5.0
+    capped = HostTable(cooldown=(1.0, 2.0))
+    capped.update({"a": 1})
+    assert capped.exclude("a") == 2.0
+
+
+def test_driver_records_the_end_of_training_and_horovods_start():
+    driver, _logs = _driver({"a": 2, "b": 2})
+    try:
+        assert driver.initial_assignment(2, 1.0) == ["a", "a", "b", "b"]  # every slot, waited for -np only
+        driver.handle({"op": "done"})
+        assert driver.done
+        driver.forget_world()
+        assert not driver.done
+    finally:
+        driver.server.server_close()
+
+
+def test_driver_tells_a_cut_off_host_by_its_workers_falling_silent():
+    """After a stall, a host whose workers stopped asking the driver well before the others is the cut one (a
+    reachable rank stuck in a reset reports no stall but still polls)."""
+    import time
+
+    driver, _logs = _driver({"n1": 1, "n2": 1, "n3": 1})
+    try:
+        now = time.monotonic()
+        driver.last_seen.update(n1=now, n2=now - 0.8, n3=now - 6.0)
+        assert driver.unreachable(["n1", "n3"]) == ["n3"]
+        assert driver.unreachable(["n1", "n2"]) == []
+        driver.handle({"op": "poll", "real": "n3"})
+        assert driver.unreachable(["n3"]) == []
+        assert driver.lose_hosts(["n3"], "cut off") == ["n3"]
+        assert any("host n3 was lost (cut off); n3 is excluded" in m for m in _logs), _logs
+    finally:
+        driver.server.server_close()
+
+
+def test_a_failed_hosts_workers_leave_even_if_its_cooldown_ended_meanwhile():
+    """The others may take longer to re-form than a short cool-down lasts: the excluded host's workers still
+    leave at that reset (Horovod stops them at once)."""
+    driver, logs = _driver({"a": 2, "b": 2}, cooldown=(0.0, 0.0))
+    try:
+        driver._world([["a", "m", 1, 0], ["a", "m", 2, 0], ["b", "m", 3, 0], ["b", "m", 4, 0]])  # noqa: SLF001
+        driver.handle({"op": "failed", "host": "b", "real": "m", "pid": 4, "error": "RuntimeError: x"})
+        assert "b" in driver.table.usable(), "a zero cool-down: b is offered again at once"
+        reply = driver._world([["a", "m", 1, 1], ["a", "m", 2, 1], ["b", "m", 3, 1]])  # noqa: SLF001
+        assert reply["leave"] == [["m", 3]], reply
+        assert any("1 worker(s) leave at this reset: b (excluded after a failure)" in m for m in logs), logs
+    finally:
+        driver.server.server_close()
+
+
+def test_driver_knows_when_every_worker_has_ended():
+    driver, _logs = _driver({"a": 2})
+    try:
+        driver._world([["a", "m", 1, 0], ["a", "m", 2, 0]])  # noqa: SLF001
+        driver.handle({"op": "bye", "real": "m", "pid": 1})
+        driver.handle({"op": "done"})
+        assert driver.ended_at is None
+        driver.handle({"op": "bye", "real": "m", "pid": 2})
+        assert driver.ended_at is not None
+    finally:
+        driver.server.server_close()

@@ -114,6 +114,34 @@ def test_job_watch_names_the_host_whose_daemon_was_lost():
     assert quiet.lost == []
 
 
+def test_job_watch_counts_horo_stall_lines_and_names_the_silent_hosts():
+    """A cut link: only the reachable hosts' ranks report their stall (the watchdog's line names the reporting
+    rank's host), so the hosts none of whose ranks reported are the likely cause. When the launcher's own host
+    runs ranks, prterun says nothing while the far daemon is unreachable: the stall lines alone must count."""
+    watch = JobWatch(lambda _line: None)
+    watch.feed(b"READY rank=0 host=node1\n")
+    assert watch.failed_at is None
+    for rank, host in ((0, "node1"), (1, "node1"), (2, "node2")):
+        watch.feed(f"[1,{rank}]<stderr>: horo: error: rank {rank} on host {host} has been blocked in MPI allreduce "
+                   "for 20.6 s, more than HORO_STALL_SHUTDOWN_TIME_SECONDS=20: ...\n".encode())
+    assert watch.failed_at is not None and watch.stalled == ["node1", "node2"]
+    assert watch.hosts == [], "the stall line names the reporter's host, not a failed one"
+    assert watch.silent(["node1", "node2", "node3"]) == ["node3"]
+    assert JobWatch(lambda _line: None).silent(["node1"]) == []  # no stall: nobody is silent
+
+
+def test_job_watch_in_elastic_mode_ignores_single_process_failures():
+    """Under ULFM the job survives a dead worker, and workers that leave end without MPI_Finalize on purpose:
+    only a lost daemon (or a stall) ends an elastic job."""
+    watch = JobWatch(lambda _line: None, proc_failures=False)
+    for line in (b"prterun noticed that process rank 1 with PID 12797 on node vm exited on\n",
+                 b"prterun has exited due to process rank 0 with PID 12281 on node vm exiting\n"):
+        watch.feed(line)
+    assert watch.failed_at is None
+    watch.feed(b"PRTE has lost communication with a remote daemon.\n")
+    assert watch.failed_at is not None
+
+
 @pytest.mark.timeout(120)
 def test_watchdog_ends_a_rank_blocked_past_the_limit(tmp_path):
     """Rank 1 never joins the allreduce: with a 3 s limit rank 0 must exit with the watchdog's error."""
@@ -137,3 +165,21 @@ def test_watchdog_ends_a_rank_blocked_past_the_limit(tmp_path):
     assert "horo: error: rank 0 on host" in text and "HORO_STALL_SHUTDOWN_TIME_SECONDS=3" in text, text[-4000:]
     assert "NOT-REACHED" not in text
     assert took < 40, f"took {took:.1f} s"
+
+
+def test_probe_counts_a_refused_connection_as_an_answer():
+    """A host that refuses (RST) is reachable; a name that does not resolve is not judged."""
+    import socket
+
+    from horo.run.reach import Probe
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # bound, not listening: connections are refused
+        assert Probe(["127.0.0.1", "no-such-host.invalid"], timeout=2.0, port=port).silent() == []
+
+
+def test_job_watch_in_elastic_mode_still_ends_an_aborted_job():
+    watch = JobWatch(lambda _line: None, proc_failures=False)
+    watch.feed(b"MPI_ABORT was invoked on rank 0 in communicator MPI_COMM_WORLD\n")
+    assert watch.failed_at is not None

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -66,3 +67,5 @@ def test_keras_fit_recipe_on_jax_needs_no_tensorflow(tmp_path: Path) -> None:
 def test_tf_custom_loop_on_two_ranks(tmp_path: Path) -> None:
     out = _hororun("tf_custom_loop.py", cwd=tmp_path)
     assert "weights identical on all ranks: True" in out, out[-6000:]
+    assert re.search(r"validation accuracy over all ranks: 0\.\d+; worst loss \d+\.\d+; mean loss per rank "
+                     r"\[\d+\.\d+, \d+\.\d+\]", out), out[-6000:]

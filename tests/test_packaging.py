@@ -15,6 +15,7 @@ import signal
 import subprocess
 import sys
 import tarfile
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -89,8 +90,11 @@ def test_wheel_in_fresh_venv_runs_lightning_example(tmp_path: Path) -> None:
     assert wheel.is_file() and sdist.is_file(), sorted(p.name for p in dist.iterdir())
     with tarfile.open(sdist) as tar:  # the sdist can run the suite: tests, examples, pins
         names = set(tar.getnames())
-    for part in ("constraints.txt", "tests/mpi/test_allreduce.py", "examples/lightning_fit.py"):
+    for part in ("constraints.txt", "tests/mpi/test_allreduce.py", "examples/lightning_fit.py",
+                 "src/horo/tensorflow/wait_kernel.cc"):
         assert f"horo-{version}/{part}" in names, part
+    with zipfile.ZipFile(wheel) as whl:  # the TF kernel's source, compiled on first use
+        assert "horo/tensorflow/wait_kernel.cc" in whl.namelist()
 
     venv = tmp_path / "venv"
     try:

@@ -1,4 +1,5 @@
-"""pieces.Chooser: the first rank's choice between one MPI call and pieces follows the measured times."""
+"""pieces.Chooser: the first rank's choice between one MPI call and pieces follows the measured times, and keeps the
+default (pieces) unless one call wins beyond the noise (autotune's rule)."""
 
 from __future__ import annotations
 
@@ -57,3 +58,20 @@ def test_the_other_ranks_always_propose_the_default_and_keep_nothing():
     c = Chooser(lead=False)
     assert _run(c, {PIECES: 9e-3, WHOLE: 1e-3}, 20) == [PIECES] * 20
     assert c.est == [0.0, 0.0]
+
+
+def test_a_form_within_the_noise_never_replaces_the_default():
+    c = Chooser(lead=True)
+    used = _run(c, {PIECES: 2.0e-3, WHOLE: 1.94e-3}, 200)  # one call 3 % faster: inside the noise band
+    assert c.form == PIECES and used.count(WHOLE) <= 12, used
+    c = Chooser(lead=True)
+    _run(c, {PIECES: 2.0e-3, WHOLE: 1.8e-3}, 40)  # 11 % faster in every pair: taken
+    assert c.form == WHOLE
+
+
+def test_one_pair_the_default_wins_brings_it_back():
+    c = Chooser(lead=True)
+    _run(c, {PIECES: 5.8e-3, WHOLE: 3.9e-3}, 40)
+    assert c.form == WHOLE
+    c.record(PIECES, 3.0e-3)  # a try of the pieces that beats the last call in one piece
+    assert c.form == PIECES

@@ -267,6 +267,18 @@ def test_join_returns_the_last_joiner_after_async_allreduces(hvd, world, rank, m
     agree(np.testing.assert_array_equal, out, np.full(3, float(world)))
 
 
+def test_unnamed_ops_after_join_match_although_ranks_ran_different_numbers(hvd, world, rank):
+    """A rank that joined early submitted fewer unnamed async ops than the others; after join() they are
+    numbered alike again, so the next unnamed ops match (rather than stalling), round after round."""
+    for first in range(min(world, 2)):
+        if rank != first:
+            for _ in range(rank + 1):  # a different count on every rank
+                hvd.synchronize(hvd.allreduce_async(np.ones(2), op=hvd.Sum))
+        hvd.join()
+        out = hvd.synchronize(hvd.allreduce_async(np.full(2, rank + 1.0), op=hvd.Sum))
+        agree(np.testing.assert_array_equal, out, np.full(2, world * (world + 1) / 2))
+
+
 def test_non_allreduce_while_a_rank_is_joined_raises_on_callers_only(hvd, world, rank, multi):
     """While rank `hi` is joined, allgather / broadcast (sync and async) raise MismatchError on the calling
     ranks only; `hi`'s join() completes with the same result as everyone's, and the job goes on."""

@@ -299,3 +299,71 @@ def test_process_set_averages_over_its_ranks_only(hvd, multi, rank):
     finally:
         if ps is not hvd.global_process_set:
             hvd.remove_process_set(ps)
+
+
+@pytest.mark.parametrize("case", ["clip_decay", "adam", "sum", "predivide", "fp16"])
+def test_torch_gradient_buckets_match_the_big_batch_on_host(hvd, world, rank, backend, case, monkeypatch):
+    # The bucket path (taken by CUDA gradients) forced on CPU tensors: the same code up to the transport.
+    if backend != "torch":
+        pytest.skip("the torch backend's gradient buckets")
+    import keras
+
+    from horo.keras.backend import torch as keras_torch
+
+    caps = {"HORO_FIRST_BUCKET_BYTES": 64, "HORO_BUCKET_BYTES": 128}  # two buckets for this MLP
+
+    class SmallBuckets:
+        @staticmethod
+        def int(name):
+            return caps[name]
+
+    monkeypatch.setattr(keras_torch, "BUCKETS_ON_HOST", True)
+    monkeypatch.setattr(keras_torch, "config", SmallBuckets)
+    x, y = regression_data(11, world * B * STEPS)
+    if case == "fp16":
+        opt, kwargs, ref_opt = (keras.optimizers.SGD(0.1), {"compression": hvd.Compression.fp16},
+                                keras.optimizers.SGD(0.1))
+    else:
+        opt, kwargs, ref_opt = _make(case, world)
+    expected = _fit(mlp(seed=5), ref_opt, x, y, world * B, eager=True)
+    dist = hvd.DistributedOptimizer(opt, **kwargs)
+    got = _fit(mlp(seed=5), dist, rank_slices(x, world, rank, B), rank_slices(y, world, rank, B), B)
+    buckets = [b for k, b in dist._horo.fused.layouts.items() if k[0] == "buckets"]
+    tol = dict(rtol=1e-2, atol=1e-3) if case == "fp16" else dict(rtol=2e-5, atol=2e-6)
+
+    def check():
+        for i, (g, e) in enumerate(zip(got, expected)):
+            np.testing.assert_allclose(g, e, err_msg=f"{case}: weight {i}", **tol)
+        if world == 1:
+            assert buckets == [], "size 1 must not exchange anything"
+        else:  # one exchange per bucket and step, not one per gradient
+            (b,) = buckets
+            assert len(b.buckets) == 2 and b.exchanges == 2 * STEPS, (len(b.buckets), b.exchanges)
+
+    agree(check)
+    assert_same_on_all_ranks(got)
+
+
+def test_torch_buckets_on_one_rank_and_fused_on_another_raise_everywhere(hvd, multi, rank, backend, monkeypatch):
+    # A gradient missing on one rank sends that rank down the fused exchange while the others take the buckets:
+    # the first collectives differ, which must raise on every rank instead of waiting.
+    if backend != "torch":
+        pytest.skip("the torch backend's gradient buckets")
+    import keras
+    import torch
+
+    from horo.keras.backend import torch as keras_torch
+
+    monkeypatch.setattr(keras_torch, "BUCKETS_ON_HOST", True)
+    model = mlp(seed=2)
+    opt = hvd.DistributedOptimizer(keras.optimizers.SGD(0.1))
+    variables = model.trainable_variables
+    opt.build(variables)
+    for v in variables:
+        v.value.grad = torch.ones_like(v.value)
+    grads = [v.value.grad for v in variables]
+    if rank == 0:
+        grads[-1] = None
+    with pytest.raises(Exception, match="ranks disagree on collective") as info:
+        opt.apply(grads, variables)
+    assert "HINT:" in str(info.value), str(info.value)

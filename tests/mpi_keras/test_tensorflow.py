@@ -95,6 +95,56 @@ def test_distributed_gradient_tape_eager_and_traced(hvd, world, rank, tf_backend
     agree(check)
 
 
+def test_local_sources_keep_their_own_gradient_scaled(hvd, world, rank, tf_backend):
+    """register_local_source and PartialDistributedGradientTape's local_layers: that gradient is this rank's own,
+    divided by the size (or not, with scale_local_gradients=False); the others are averaged."""
+    import keras
+    import tensorflow as tf
+
+    import horo.tensorflow as htf
+
+    keras.utils.set_random_seed(3)
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2), keras.layers.Dense(1)])
+    x = tf.constant(np.full((2, 3), rank + 1.0, dtype="float32"))
+
+    def grads(wrap):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(model(x) ** 2)
+        return wrap(tape).gradient(loss, model.trainable_variables)
+
+    plain = [g.numpy() for g in grads(lambda t: t)]
+    everyone = hvd.allgather_object(plain)
+    mean = [np.mean([e[i] for e in everyone], axis=0) for i in range(4)]
+
+    def registered(t):
+        t = htf.DistributedGradientTape(t)
+        t.register_local_source(model.layers[0].kernel)
+        return t
+
+    cases = [
+        (registered, [plain[0] / world, *mean[1:]]),
+        (lambda t: htf.PartialDistributedGradientTape(t, local_layers=model.layers[1]), [*mean[:2], plain[2] / world,
+                                                                                        plain[3] / world]),
+        (lambda t: htf.PartialDistributedGradientTape(t, local_layers=[model.layers[0]],
+                                                     scale_local_gradients=False), [*plain[:2], *mean[2:]]),
+    ]
+    for wrap, want in cases:
+        for got in (grads(wrap), tf.function(lambda wrap=wrap: grads(wrap))()):
+            agree(lambda got=got, want=want: [np.testing.assert_allclose(g.numpy(), w, rtol=1e-5)
+                                              for g, w in zip(got, want)])
+    for bad in ([model.layers[0], "x"], "x"):
+        with pytest.raises((TypeError, ValueError), match="Received: local_layers"):
+            htf.PartialDistributedGradientTape(tf.GradientTape(), local_layers=bad)
+    v, w = tf.Variable(2.0), tf.Variable(3.0)
+    with tf.GradientTape() as tape:
+        loss = v * w
+    tape = htf.DistributedGradientTape(tape, scale_local_gradients=False)
+    tape.register_local_source(w)
+    local, shared = tape.get_local_and_global_gradients(loss, [v, w])
+    assert [s is w for s, _ in local] == [True] and [s is v for s, _ in shared] == [True]
+    assert float(local[0][1]) == 2.0
+
+
 def test_tensorflow_collectives_eager_and_in_tf_function(hvd, world, rank, tf_backend):
     import tensorflow as tf
 
@@ -109,7 +159,7 @@ def test_tensorflow_collectives_eager_and_in_tf_function(hvd, world, rank, tf_ba
             "grouped": htf.grouped_allreduce([t, tf.cast(t, tf.int32)], op=htf.Sum),
             "gather": htf.allgather(tf.fill([rank + 1, 2], float(rank))),
             "bcast": htf.broadcast(t, root_rank=world - 1),
-            "a2a": htf.alltoall(tf.fill([world, 2], float(rank)))[0],
+            "a2a": htf.alltoall(tf.fill([world, 2], float(rank))),  # without splits: the tensor only
             "rs": htf.reducescatter(tf.ones((world * 2, 2)), op=htf.Sum),
         }
 

@@ -7,6 +7,8 @@ Each benchmark is a module ``horo.bench.NAME`` with ``main(argv) -> int``:
   grouped_allreduce; ``--sweep`` tries several fusion thresholds.
 - ``adasum``: the same gradient set with op=Adasum against op=Average, and the bytes Adasum moves.
 - ``autotune``: the engine tunes its own knobs from a bad start; compared with a grid search in the same run.
+- ``autotune_steady``: autotune never slows a job down: the tuned steady state against the defaults, and
+  the first steps against the last in a tuned and an untuned job.
 - ``gpu``: GPU buffers: horo's NCCL path vs raw NCCL and host staging (also ``allreduce --gpu``).
 - ``keras``, ``lightning``: end-to-end training throughput with the framework facades (``keras --backend
   tensorflow|torch|jax``).
@@ -32,6 +34,7 @@ BENCHES: dict[str, str] = {
     "fusion": "ResNet-50 gradient set: engine fusion vs raw MPI, gloo and grouped_allreduce",
     "adasum": "ResNet-50 gradient set: op=Adasum vs op=Average, and the bytes each rank moves",
     "autotune": "ResNet-50 gradient set: autotune from 64 MiB fusion vs a fusion x cycle-time grid search",
+    "autotune_steady": "ResNet-50 gradient set: the autotuned steady state vs the defaults, interleaved",
     "hierarchical": "ResNet-50 gradient set: hierarchical vs flat allreduce across hosts, next to raw mpi4py",
     "gpu": "GPU allreduce: horo's NCCL path vs raw NCCL vs host staging (needs cupy and a GPU)",
     "keras": "Keras training throughput with horo.keras (TensorFlow, torch or JAX backend)",

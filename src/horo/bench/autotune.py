@@ -37,6 +37,7 @@ from horo.core.api.process_sets import global_process_set
 from horo.core.transport.comms import duplicate
 
 TARGET = 1.10
+_LAST_ROWS = ("best", "cached", "kept-tuned", "kept-defaults")  # the log's last row: the frozen setting, not a trial
 _KNOB_ENV = ("HORO_FUSION_THRESHOLD", "HORO_CYCLE_TIME", "HORO_CHUNK_BYTES", "HORO_CACHE_CAPACITY",
              "HORO_HIERARCHICAL_ALLREDUCE", "HORO_HIERARCHICAL_ALLGATHER")
 
@@ -189,9 +190,11 @@ def _report(args: Any, g: Any, trials: list[dict[str, Any]], frozen: bool, steps
     print("\nTrajectory (score = bytes allreduced by the engine per µs, median of 5 samples):\n")
     print(md_table(["trial", "phase", "fusion", "cycle ms", "chunk", "cache", "score MB/s", "≈ ms/step"], rows))
     print(f"\ntuning: {steps} steps in {tune_s:.1f} s; {'frozen' if frozen else 'NOT frozen'} after "
-          f"{len([t for t in trials if t['phase'] not in ('best', 'cached')])} trials; frozen setting: "
+          f"{len([t for t in trials if t['phase'] not in _LAST_ROWS])} trials; frozen setting: "
           f"fusion {fmt_size(frozen_knobs['fusion_threshold'])}, cycle {frozen_knobs['cycle_time_ms']:g} ms, "
           f"chunk {fmt_size(frozen_knobs['chunk_bytes'])}, cache {'on' if frozen_knobs['cache_enabled'] else 'off'}")
+    if trials and trials[-1].get("note"):
+        print(f"decision: {trials[-1]['note']}")
     grid = {nm: v for nm, v in ms.items() if nm.startswith("grid ")}
     best_grid = min(grid, key=grid.__getitem__)
     raw = ms["raw-one-buffer"]
@@ -220,7 +223,7 @@ def _plot(path: str, trials: list[dict[str, Any]], best_grid_score: float, best_
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    scored = [t for t in trials if t["phase"] not in ("best", "cached")]
+    scored = [t for t in trials if t["phase"] not in _LAST_ROWS]
     fig, ax = plt.subplots(figsize=(8, 4.5))
     xs = list(range(1, len(scored) + 1))
     ax.plot(xs, [t["score"] for t in scored], "o-", label="trial score (median of 5 samples)")

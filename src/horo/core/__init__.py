@@ -9,6 +9,7 @@ from .api.async_ops import (
     broadcast_async_,
     grouped_allreduce_async,
     grouped_allreduce_async_,
+    on_done,
     poll,
     reducescatter_async,
     synchronize,
@@ -90,5 +91,5 @@ __all__ += [
     "broadcast_object", "allgather_object",
     "allreduce_async", "allreduce_async_", "grouped_allreduce_async", "grouped_allreduce_async_",
     "allgather_async", "broadcast_async", "broadcast_async_", "alltoall_async", "reducescatter_async",
-    "poll", "synchronize", "Compression", "add_process_set_of_members",
+    "on_done", "poll", "synchronize", "Compression", "add_process_set_of_members",
 ]

@@ -7,7 +7,9 @@ the job's secret (``HORO_ELASTIC_SECRET``); see ``horo.run.elastic_driver`` for 
 from __future__ import annotations
 
 import os
+import pickle
 import socket
+import sys
 import threading
 import time
 from typing import Any
@@ -16,8 +18,11 @@ from .. import core
 from ..run.elastic_proto import BLOB, local_aliases, recv_msg, send_msg
 
 __all__ = ["enabled", "start", "growth_available", "free_slots", "claim_slots", "hosts_left", "report_world",
-           "report_fatal", "mpi_host", "set_new_hosts", "my_host", "keeps_state", "keep_state", "request_restart",
-           "wait_kept", "committed_state"]
+           "report_fatal", "report_failed", "report_done", "report_bye", "mpi_host", "set_new_hosts", "my_host",
+           "keeps_state", "keep_state", "request_restart", "wait_kept", "committed_state", "refresh", "REMOVE"]
+
+#: ``growth_available``'s answer when workers must leave (their host was removed or excluded).
+REMOVE = 3
 
 _lock = threading.Lock()
 _poll: dict[str, Any] = {"free": 0, "hosts": [], "thread": None}
@@ -39,13 +44,18 @@ def _request(msg: dict[str, Any], timeout: float = 10.0) -> dict[str, Any]:
 
 
 def my_host() -> str:
-    """This worker's logical host, as the driver named it."""
+    """This worker's logical host, as the driver named it (``HORO_HOSTNAME``, set by hororun's rank hook, or
+    by the workers that spawned this one)."""
     if _me["host"] is None:
-        hosts = os.environ.get("HORO_ELASTIC_ASSIGN", "").split(",")
-        from mpi4py import MPI
+        named = os.environ.get("HORO_HOSTNAME")
+        if named:
+            _me["host"] = named
+        else:
+            hosts = os.environ.get("HORO_ELASTIC_ASSIGN", "").split(",")
+            from mpi4py import MPI
 
-        r = MPI.COMM_WORLD.Get_rank()
-        _me["host"] = hosts[r] if MPI.Comm.Get_parent() == MPI.COMM_NULL and r < len(hosts) else "?"
+            r = MPI.COMM_WORLD.Get_rank()
+            _me["host"] = hosts[r] if MPI.Comm.Get_parent() == MPI.COMM_NULL and r < len(hosts) else "?"
     return _me["host"]  # type: ignore[return-value]
 
 
@@ -57,12 +67,13 @@ def set_new_hosts(hosts: list[str]) -> None:
 def _poller() -> None:
     while True:
         try:
-            reply = _request({"op": "poll"}, timeout=5.0)
+            reply = _request({"op": "poll", "real": socket.gethostname()}, timeout=5.0)
             with _lock:
                 _poll["free"] = int(reply.get("free", 0))
                 _poll["hosts"] = list(reply.get("hosts", []))
                 _poll["max_np"] = int(reply.get("max_np", 0))
                 _poll["remote_free"] = int(reply.get("remote_free", 0))
+                _poll["remove"] = int(reply.get("remove", 0))
         except (OSError, ValueError):
             pass  # the driver is gone (job ending) or busy: keep the last answer
         time.sleep(1.0)
@@ -86,15 +97,44 @@ def free_slots(remote: bool = False) -> int:
 
 
 def growth_available(size: int) -> int:
-    """Rank 0: how the world should grow now. 0: not (no free slot, or at --max-np); 1: spawn workers on
+    """Rank 0: how the world should change now. 0: not (no free slot, or at --max-np); 1: spawn workers on
     this machine's free slots; 2: free slots on other hosts only, so end at this commit and let hororun
-    start the job again with them."""
+    start the job again with them; ``REMOVE``: workers must leave (their host was removed or excluded)."""
     with _lock:
         free, max_np = int(_poll["free"]), int(_poll.get("max_np", 0) or 0)
-        remote = int(_poll.get("remote_free", 0))
+        remote, remove = int(_poll.get("remote_free", 0)), int(_poll.get("remove", 0))
+    if remove and _confirm_removal():
+        return REMOVE
     if max_np and size >= max_np:
         return 0
     return 1 if free > 0 else 2 if remote > 0 else 0
+
+
+def refresh() -> dict[str, Any]:
+    """Ask the driver now instead of waiting for the background poll; returns its answer (``{}`` if none).
+
+    For a program that must act on what the driver offers at this moment (the poll may be a second old).
+    """
+    try:
+        reply = _request({"op": "poll", "real": socket.gethostname()}, timeout=5.0)
+    except (OSError, ValueError):
+        return {}
+    with _lock:
+        _poll.update(free=int(reply.get("free", 0)), hosts=list(reply.get("hosts", [])),
+                     max_np=int(reply.get("max_np", 0)), remote_free=int(reply.get("remote_free", 0)),
+                     remove=int(reply.get("remove", 0)))
+    return reply
+
+
+def _confirm_removal() -> bool:
+    # The background poll may predate the last world report (which already told those workers to leave).
+    try:
+        reply = _request({"op": "poll"}, timeout=5.0)
+    except (OSError, ValueError):
+        return False
+    with _lock:
+        _poll["remove"] = int(reply.get("remove", 0))
+    return _poll["remove"] > 0
 
 
 def request_restart() -> None:
@@ -118,11 +158,15 @@ def claim_slots(size: int) -> list[str]:
     return list(reply.get("hosts", []))
 
 
-def report_world() -> None:
-    """Tell the driver who is in the world now (it deduces which workers died, and blacklists their hosts)."""
+def report_world(resets: int = 0) -> tuple[list[int], str | None, int]:
+    """Collective: tell the driver who is in the world now (it deduces which workers died, and excludes their
+    hosts). Returns the ranks that must leave now (their host was removed or excluded), the driver's reason
+    when no worker can go on, and the highest reset count of all ranks (``resets``: this rank's)."""
     if not enabled():
-        return
-    members = core.allgather_object([my_host(), socket.gethostname(), os.getpid()], name="horo.elastic.members")
+        return [], None, resets
+    members = core.allgather_object([my_host(), socket.gethostname(), os.getpid(), resets],
+                                    name="horo.elastic.members")
+    reply: dict[str, Any] = {}
     if core.rank() == 0:
         # Spawned workers do not know their logical host yet: rank 0 claimed them, in this order.
         fill = iter(list(_new_hosts))
@@ -131,17 +175,50 @@ def report_world() -> None:
                 m[0] = next(fill, "?")
         _new_hosts.clear()
         try:
-            _request({"op": "world", "members": members})
+            reply = _request({"op": "world", "members": members})
         except (OSError, ValueError):
-            pass
-    members = core.broadcast_object(members, 0, name="horo.elastic.members.table")
+            reply = {}
+        with _lock:
+            _poll["remove"] = 0  # until the next poll: this answer is the news
+    members, reply = core.broadcast_object((members, reply), 0, name="horo.elastic.members.table")
     _me["host"] = members[core.rank()][0]
+    leaving = {(str(real), int(pid)) for real, pid in reply.get("leave", [])}
+    leave = [r for r, m in enumerate(members) if (str(m[1]), int(m[2])) in leaving]
+    return leave, reply.get("fatal"), max(int(m[3]) for m in members)
 
 
 def report_fatal(message: str) -> None:
     if enabled():
         try:
             _request({"op": "fatal", "message": message})
+        except (OSError, ValueError):
+            pass
+
+
+def report_failed(error: str) -> None:
+    """This worker raised and leaves the job alone: the driver records the failure and excludes its host."""
+    if enabled():
+        try:
+            _request({"op": "failed", "host": my_host(), "real": socket.gethostname(), "pid": os.getpid(),
+                      "error": error}, timeout=5.0)
+        except (OSError, ValueError):
+            pass  # the workers left report this one missing
+
+
+def report_bye() -> None:
+    """This worker is ending (at the script's end)."""
+    if enabled():
+        try:
+            _request({"op": "bye", "real": socket.gethostname(), "pid": os.getpid()}, timeout=2.0)
+        except (OSError, ValueError):
+            pass
+
+
+def report_done() -> None:
+    """Rank 0: the elastic function returned; the job's training is over."""
+    if enabled():
+        try:
+            _request({"op": "done"}, timeout=5.0)
         except (OSError, ValueError):
             pass
 
@@ -183,8 +260,6 @@ def keep_state(value: Any, unsupported: str = "") -> None:
 
 
 def _keeper_loop() -> None:
-    import pickle
-
     while True:
         with _keeper_cv:
             while _keeper["pending"] is None:
@@ -219,8 +294,6 @@ def _send_commit(blob: bytes | None, unsupported: str = "") -> None:
     except (OSError, ValueError) as exc:
         if "send" not in _warned:
             _warned.add("send")
-            import sys
-
             sys.stderr.write(f"horo.elastic: could not send the committed state to hororun ({exc}); a lost host "
                              "would lose it\n")
 

@@ -1,4 +1,5 @@
-"""Growth at a commit: whether the world grows here, and ending the job for a restart on other hosts.
+"""Host changes at a commit: whether the world changes here (growth, or workers leaving), and ending the job
+for a restart on other hosts.
 
 Both are collective at ``State.commit()`` (see ``state``); the runner's reset after growth is in ``runner``.
 """
@@ -24,7 +25,7 @@ def log(msg: str) -> None:
 
 
 def host_update_pending() -> int:
-    """Collective: how the world grows at this commit, as rank 0's driver client says (``growth_available``)."""
+    """Collective: how the world changes at this commit, as rank 0's driver client says (``growth_available``)."""
     if not client.enabled():
         return 0
     flag = np.zeros(1, dtype=np.int64)

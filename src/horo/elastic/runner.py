@@ -14,9 +14,12 @@ A lost host: Open MPI ends the whole MPI job. In a job across hosts rank 0 hands
 which starts a new job on the hosts left (``HORO_ELASTIC_RESUME=1``): there rank 0 takes that commit back,
 the reset callbacks run, and ``sync()`` spreads it before the first step.
 
-Growth: ``commit()`` raises ``HostsUpdatedInterrupt`` on every rank when hororun's driver has free slots;
-the ranks ``Spawn`` the new workers together and ``Merge`` with them; the new workers receive the state
-through the same ``sync()`` before their first step.
+Host changes: ``commit()`` raises ``HostsUpdatedInterrupt`` on every rank when hororun's driver has free
+slots or a host of the job was removed or excluded. The workers of a removed host leave (``leave.depart``);
+for new slots the ranks ``Spawn`` the new workers together and ``Merge`` with them, and the new workers
+receive the state through the same ``sync()`` before their first step.
+
+A worker whose function raises an ordinary exception leaves the job alone (``leave.fail_alone``).
 """
 
 from __future__ import annotations
@@ -33,10 +36,12 @@ import numpy as np
 
 from .. import core
 from ..core.base.errors import HoroInternalError
+from ..core.base.fault import is_process_failure
 from ..core.base.state import state as rt
 from . import client, world
 from .errors import ElasticError, HostsUpdatedInterrupt
 from .growth import end_for_restart, log
+from .leave import depart, fail_alone, unlink_shared_segments
 from .state import State
 
 __all__ = ["run", "reset_count"]
@@ -72,38 +77,25 @@ def _exit_without_finalize() -> None:
 
     Open MPI's finalize waits in a job-wide PMIx fence, which (measured here) can wait forever for processes
     that were SIGKILLed earlier. horo's own shutdown still runs first, with the surviving ranks.
+
+    Every worker also tells hororun it is ending: once the whole world has, hororun gives mpiexec a while
+    to finish and then ends it (prterun has been seen to stay after every worker had ended, once workers
+    had failed or left).
     """
+    client.report_bye()
     if not _resets["failures"]:
         return
     try:
         core.shutdown()
     except Exception as exc:  # noqa: BLE001 - report, and exit all the same
         sys.stderr.write(f"horo.elastic: error during shutdown at exit: {exc}\n")
-    _unlink_shared_segments()
+    unlink_shared_segments()
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()
         except Exception:  # noqa: BLE001, S112 - a closed stream must not stop the exit
             continue
     os._exit(0)
-
-
-def _unlink_shared_segments() -> None:
-    """Remove the Open MPI shared-memory files this process has mapped (finalize would have removed its own).
-
-    Runs after horo's shutdown, which every survivor reaches together, so no live peer attaches to them
-    any more; the segments of SIGKILLed peers, which nobody else would remove, go too.
-    """
-    try:
-        with open("/proc/self/maps") as fh:
-            paths = {line.split(None, 5)[5].strip() for line in fh if "/dev/shm/sm_segment." in line}
-    except (OSError, IndexError):
-        return
-    for path in paths:
-        try:
-            os.unlink(path.removesuffix(" (deleted)"))
-        except OSError:
-            pass
 
 
 def _after_failure() -> None:
@@ -113,11 +105,35 @@ def _after_failure() -> None:
     world.shrink()
     world.timings["recover_s"] = time.perf_counter() - t0
     log(f"rank {core.rank()}: a worker failed; world re-formed from {old} to {core.size()} processes in "
-         f"{world.timings['recover_s'] * 1e3:.0f} ms (shrink {world.timings.get('shrink_s', 0) * 1e3:.0f} ms)")
-    client.report_world()
+        f"{world.timings['recover_s'] * 1e3:.0f} ms (shrink {world.timings.get('shrink_s', 0) * 1e3:.0f} ms)")
+    _report_world()
+    _ensure_min_np()
+
+
+def _ensure_min_np() -> None:
     min_np = _env_int("HORO_ELASTIC_MIN_NP", 1) or 1
     if core.size() < min_np:
         _wait_for_min(min_np)
+
+
+def _report_world() -> None:
+    """Collective: report the world to hororun's driver; the workers it names leave (their host was removed
+    or excluded), and the others report again. The ranks agree on the highest reset count."""
+    while True:
+        leave, fatal, resets = client.report_world(_resets["count"])
+        _resets["count"] = max(_resets["count"], resets)
+        if not depart(leave, fatal):
+            return
+        _resets["failures"] += 1  # workers ended without MPI_Finalize: the others must not wait for them in it
+
+
+def _update_hosts() -> bool:
+    """Collective, after ``HostsUpdatedInterrupt``: workers of removed hosts leave, new ones are spawned on
+    free slots. Returns whether new workers joined (they need the state)."""
+    _report_world()
+    grew = grow()
+    _ensure_min_np()
+    return grew
 
 
 def _wait_for_min(min_np: int) -> None:
@@ -174,37 +190,27 @@ def _resume(state: Any) -> None:
         state.restore()
     state.on_reset()
     log(f"rank {core.rank()}: restarted by hororun on {core.size()} processes, from "
-         f"{'the last commit' if status[0] else 'the start (nothing was committed)'}")
+        f"{'the last commit' if status[0] else 'the start (nothing was committed)'}")
 
 
-def grow() -> None:
-    """Collective over the current world: spawn workers on the driver's free slots and merge with them."""
-    from mpi4py import MPI
+def grow() -> bool:
+    """Collective over the current world: spawn workers on the driver's free slots and merge with them.
 
+    Returns whether the world grew.
+    """
     t0 = time.perf_counter()
     hosts: list[str] = client.claim_slots(core.size()) if core.rank() == 0 else []
     hosts = core.broadcast_object(hosts, 0, name="horo.elastic.grow")
     if not hosts:
-        return
+        return False
     old = core.size()
-    cmd, args = sys.executable, list(sys.orig_argv[1:])
-    infos = []
-    for h in hosts:
-        info = MPI.Info.Create()
-        info.Set("host", client.mpi_host(h))
-        info.Set("wdir", os.getcwd())  # the command line may hold paths relative to it
-        infos.append(info)
-    inter = rt.world.Spawn_multiple([cmd] * len(hosts), [args] * len(hosts), [1] * len(hosts), infos, root=0)
-    for info in infos:
-        info.Free()
-    merged = inter.Merge(high=False)
-    core.shutdown()
-    core.init(comm=merged)
+    world.spawn([(client.mpi_host(h), h) for h in hosts])
     client.set_new_hosts(hosts)
     world.timings["grow_s"] = time.perf_counter() - t0
     log(f"rank {core.rank()}: world grew from {old} to {core.size()} processes in "
-         f"{world.timings['grow_s'] * 1e3:.0f} ms (new workers on {hosts})")
-    client.report_world()
+        f"{world.timings['grow_s'] * 1e3:.0f} ms (new workers on {hosts})")
+    _report_world()
+    return True
 
 
 def run(func: F) -> F:
@@ -229,7 +235,8 @@ def run(func: F) -> F:
             atexit.register(_exit_without_finalize)  # after mpi4py's: runs before MPI_Finalize
             _resets["atexit"] = 1
         client.start()
-        client.report_world()  # collective: spawned workers meet the others here, before the first sync
+        world.join_spawn()  # a spawned worker helps spawn the workers after it
+        _report_world()  # collective: spawned workers meet the others here, before the first sync
         if os.environ.get("HORO_ELASTIC_RESUME") == "1" and not _resets["resumed"]:
             _resets["resumed"] = 1
             _resume(state)
@@ -243,8 +250,8 @@ def run(func: F) -> F:
                     _check_reset_limit()
                     if reset == "failure":
                         _after_failure()
-                    else:
-                        grow()
+                    elif _update_hosts():
+                        skip_sync = False  # new workers need the state
                     reset = None
                     state.on_reset()
                 if not skip_sync:
@@ -255,12 +262,14 @@ def run(func: F) -> F:
                 client.report_fatal(str(exc))
                 raise
             except HostsUpdatedInterrupt as exc:
-                reset, skip_sync = "grow", exc.skip_sync
+                reset, skip_sync = "hosts", exc.skip_sync
                 continue
             except Exception as exc:
                 # Frameworks may wrap our error (a TF op raising inside a graph): what counts is that this
-                # rank saw a peer fail (core.fault recorded it).
-                if not isinstance(exc, HoroInternalError) and rt.failed is None:
+                # rank saw a peer fail (core.fault recorded it), or MPI reported one during a reset.
+                if not isinstance(exc, HoroInternalError) and rt.failed is None and not is_process_failure(exc):
+                    if client.enabled():
+                        fail_alone(exc)  # this worker's own error: it leaves, the others go on
                     raise
                 log(f"rank {core.rank()} caught {type(exc).__name__} at t={time.time():.3f}: {str(exc)[:300]}")
                 ok = False
@@ -268,6 +277,8 @@ def run(func: F) -> F:
             if core.size() > 1 and not world.agree(ok):
                 ok = False
             if ok:
+                if core.rank() == 0:
+                    client.report_done()
                 return result
             state.restore()
             reset = "failure"

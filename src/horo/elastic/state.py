@@ -78,15 +78,17 @@ class State:
         client.keep_state(value)
 
     def check_host_updates(self) -> None:
-        """Raise ``HostsUpdatedInterrupt`` on every rank when the launcher has new slots for workers.
+        """Raise ``HostsUpdatedInterrupt`` on every rank when the launcher has new slots for workers, or when
+        workers must leave (their host was removed from discovery, or excluded after a failure).
 
         Rank 0 learns it from hororun's driver (polled in the background); the answer is broadcast, so all
         ranks act together, at the same commit. Slots on other hosts only, in a job across hosts: the
         workers end here instead and hororun starts the job again with them (``growth.end_for_restart``).
         """
         kind = host_update_pending()
-        if kind == 1:
-            raise HostsUpdatedInterrupt(skip_sync=False)
+        if kind in (1, client.REMOVE):
+            # Only leaving: every rank holds this commit already, nothing to broadcast (unless some join too).
+            raise HostsUpdatedInterrupt(skip_sync=kind == client.REMOVE)
         if kind == 2 and not getattr(self, "_told_unsupported", False):
             end_for_restart()
 

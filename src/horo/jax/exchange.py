@@ -116,24 +116,23 @@ def reduce_gradients(grads: Sequence[Any], *, op: ReduceOp = Average, compressio
     return out
 
 
-class _JaxMath:
-    """The 16-bit reduction's float32 arithmetic in XLA (``core.transport.half_reduce.Math``), rounding to
-    ``dtype``: it runs inside the compiled step, between the two host callbacks that move the shares."""
+class JaxMath:
+    """The 16-bit reduction's float32 arithmetic in ``jax.numpy`` (``core.transport.half_reduce.Math``): traced
+    into the compiled step, rounded once to ``dtype``."""
 
-    def __init__(self, dtype: np.dtype) -> None:
-        self.dtype = dtype
+    def __init__(self, dtype: Any) -> None:
+        import jax.numpy as jnp
+
+        self.jnp, self.dtype = jnp, dtype
 
     def widen(self, part: Any) -> Any:
-        import jax.numpy as jnp
-
-        return part.astype(jnp.float32)
+        return part.astype(self.jnp.float32)
 
     def add(self, acc: Any, part: Any) -> Any:
-        return acc + self.widen(part)
+        return acc + part.astype(self.jnp.float32)
 
     def combine(self, op: ReduceOp, acc: Any, term: Any) -> Any:
-        import jax.numpy as jnp
-
+        jnp = self.jnp
         return {Min: jnp.minimum, Max: jnp.maximum, Product: jnp.multiply}[op](acc, term)
 
     def scale(self, acc: Any, factor: float) -> Any:
@@ -157,8 +156,9 @@ def _reduce_16bit(wires: Sequence[Any], op: ReduceOp, prescale_factor: float, po
                                                process_set, name)
     total = ex.size * ex.share
     scatter, head = _gated(lambda *xs: [ex.scatter(xs)], gate, lambda *xs: [np.zeros(total, dtype)])
-    received = host_call(scatter, head + list(wires), [((total,), dtype)])[0].reshape(ex.size, ex.share)
-    share = ex.reduce([received[r] for r in range(ex.size)], _JaxMath(dtype))
+    received = host_call(scatter, head + list(wires), [((total,), dtype)])[0]
+    rows = received.reshape(ex.size, ex.share)
+    share = ex.reduce([rows[r] for r in range(ex.size)], JaxMath(dtype))  # XLA's float32 sum, rounded once
     gather, head = _gated(ex.gather, gate, lambda s: [np.zeros(n, dtype) for n in ex.counts])
     outs = host_call(gather, head + [share], [((n,), dtype) for n in ex.counts])
     return [o.reshape(s) for o, s in zip(outs, shapes)]

@@ -101,6 +101,10 @@ class _DistributedMixin:
         """The backend's exchange, leaving out local variables' gradients (scaled by 1/size, as Horovod)."""
         state = self._horo
         if not state.local_vars:
+            if getattr(state.backend, "TAKES_VARIABLES", False):  # torch: the variables own the gradients
+                variables = (list(trainable_variables) if trainable_variables is not None
+                             else self._trainable_variables)
+                return state.backend.exchange(grads, state.settings, state.fused, variables)
             return state.backend.exchange(grads, state.settings, state.fused)
         variables = list(trainable_variables) if trainable_variables is not None else self._trainable_variables
         local = [id(v) in state.local_vars for v in variables]

@@ -178,7 +178,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"hororun: {shlex.join(cmd)}", file=sys.stderr, flush=True)
         env["HORORUN_STATUS_DIR"] = tmp
         try:
-            rc = run_job(cmd, env)
+            rc = run_job(cmd, env, hosts=[s.host for s in (hosts or file_hosts or [])])
         except OSError as exc:
             print(f"hororun: error: cannot start {mpiexec}: {exc}", file=sys.stderr)
             return 127

@@ -92,7 +92,8 @@ def build_parser() -> argparse.ArgumentParser:
     el.add_argument("--min-np", dest="min_np", type=_positive_int("--min-np"), metavar="MIN",
                     help="fewest workers to go on with; below it for --elastic-timeout, the job fails")
     el.add_argument("--max-np", dest="max_np", type=_positive_int("--max-np"), metavar="MAX",
-                    help="most workers; new hosts beyond it stay unused")
+                    help="most workers; new hosts beyond it stay unused (default: every slot of -H or the "
+                         "discovery script; else -np)")
     el.add_argument("--host-discovery-script", dest="discovery", metavar="SCRIPT",
                     help="executable printing 'host:slots' lines; polled about once a second")
     el.add_argument("--slots-per-host", dest="slots_per_host", type=_positive_int("--slots-per-host"),
@@ -120,11 +121,15 @@ def _check_elastic(ns: argparse.Namespace) -> None:
                          f"--host-discovery-script={ns.discovery!r}.")
     if ns.np is None:
         ns.np = ns.min_np or ns.max_np
+    if ns.np is None:
+        raise UsageError(f"elastic mode needs -np or --min-np. Received: -np=None, --min-np=None, --max-np=None. "
+                         f"HINT: hororun -np 2 --min-np 2 --host-discovery-script {ns.discovery or 'SCRIPT'} ...")
     if ns.min_np is None:
         ns.min_np = ns.np
-    if ns.max_np is None:
-        ns.max_np = max(ns.np, ns.min_np) if ns.np else ns.min_np
-    if not ns.min_np <= (ns.np or ns.min_np) <= ns.max_np:
+    if ns.max_np is None and not (ns.hosts or ns.discovery):
+        ns.max_np = max(ns.np, ns.min_np) if ns.np else ns.min_np  # this machine only: as many as asked for
+    # With -H or a discovery script and no --max-np, every slot offered is used (Horovod: unbounded).
+    if not ns.min_np <= (ns.np or ns.min_np) <= (ns.max_np or ns.np or ns.min_np):
         raise UsageError(f"elastic mode needs --min-np <= -np <= --max-np. Received: --min-np={ns.min_np}, "
                          f"-np={ns.np}, --max-np={ns.max_np}. HINT: hororun -np 3 --min-np 2 --max-np 4 ...")
     if ns.elastic_timeout <= 0:

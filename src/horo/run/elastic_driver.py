@@ -3,113 +3,28 @@
 Workers never ask MPI which hosts exist: the driver keeps its own table of *logical* hosts, named as the
 discovery script (or ``-H``) names them, so ``localhost``, ``127.0.0.1`` and this machine's name are three
 hosts, as in Horovod. Rank 0 of the job asks it (about once a second, over a socket that only accepts
-messages signed with the job's secret) whether there are free slots; after every reset it reports who is
-left, from which the driver learns which workers died and excludes their hosts for a cool-down.
+messages signed with the job's secret) whether there are free slots or workers that must leave; after every
+reset it reports who is left, from which the driver learns which workers died and excludes their hosts for a
+cool-down, and answers which workers leave now (their host was removed from discovery, or excluded). The
+host table itself is in ``horo.run.elastic_hosts``.
 """
 
 from __future__ import annotations
 
 import os
-import random
 import secrets
 import socket
 import socketserver
-import subprocess
 import sys
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
+from horo.run.elastic_hosts import DiscoveryError, HostTable, parse_discovery_output, run_discovery_script
 from horo.run.elastic_proto import BLOB, local_aliases, recv_msg, send_msg
 
 __all__ = ["HostTable", "ElasticDriver", "parse_discovery_output", "run_discovery_script", "DiscoveryError"]
-
-
-class DiscoveryError(ValueError):
-    """The host discovery script failed or printed something that is not ``host:slots`` lines."""
-
-
-def parse_discovery_output(text: str, slots_per_host: int | None, source: str) -> dict[str, int]:
-    """``host[:slots]`` per line -> {host: slots}; a line without slots gets ``--slots-per-host`` (default 1)."""
-    hosts: dict[str, int] = {}
-    for n, raw in enumerate(text.splitlines(), 1):
-        line = raw.split("#", 1)[0].strip()
-        if not line:
-            continue
-        name, _, slots_text = line.partition(":")
-        try:
-            slots = int(slots_text) if slots_text else (slots_per_host or 1)
-        except ValueError:
-            slots = -1
-        if not name or slots < 0:
-            raise DiscoveryError(f"{source} line {n} is not 'host:slots'. Received: {raw!r}. HINT: print lines "
-                                 "like 'localhost:2'.")
-        hosts[name] = slots
-    return hosts
-
-
-def run_discovery_script(script: str, slots_per_host: int | None, timeout: float = 10.0) -> dict[str, int]:
-    try:
-        out = subprocess.run([script], capture_output=True, text=True, timeout=timeout, check=False)
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        raise DiscoveryError(f"cannot run the host discovery script: {exc}. Received: "
-                             f"--host-discovery-script={script!r}. HINT: give an executable file.") from None
-    if out.returncode != 0:
-        raise DiscoveryError(f"the host discovery script exited with {out.returncode}: {out.stderr.strip()[:200]}. "
-                             f"Received: --host-discovery-script={script!r}.")
-    return parse_discovery_output(out.stdout, slots_per_host, f"--host-discovery-script {script!r}")
-
-
-@dataclass
-class HostTable:
-    """Discovered hosts, workers in use per host, and excluded hosts (thread-safe through ``lock``)."""
-
-    cooldown: tuple[float, float] | None = None  # None: a failed host stays excluded (Horovod's default)
-    hosts: dict[str, int] = field(default_factory=dict)
-    in_use: dict[str, int] = field(default_factory=dict)
-    excluded: dict[str, float] = field(default_factory=dict)  # host -> monotonic time it may return
-    lock: threading.RLock = field(default_factory=threading.RLock)
-
-    def update(self, hosts: dict[str, int]) -> None:
-        with self.lock:
-            self.hosts = dict(hosts)
-
-    def usable(self) -> dict[str, int]:
-        now = time.monotonic()
-        with self.lock:
-            for h, until in list(self.excluded.items()):
-                if until <= now:
-                    del self.excluded[h]
-            return {h: s for h, s in self.hosts.items() if h not in self.excluded}
-
-    def free_slots(self, local_only: bool = False) -> list[str]:
-        """One entry per free slot, as its host (discovery order); ``local_only``: on this machine only."""
-        with self.lock:
-            out: list[str] = []
-            for h, s in self.usable().items():
-                if not local_only or h in local_aliases():
-                    out += [h] * max(0, s - self.in_use.get(h, 0))
-            return out
-
-    def claim(self, n: int, local_only: bool = False) -> list[str]:
-        with self.lock:
-            got = self.free_slots(local_only)[:max(0, n)]
-            for h in got:
-                self.in_use[h] = self.in_use.get(h, 0) + 1
-            return got
-
-    def exclude(self, host: str) -> float | None:
-        """Exclude ``host`` after a failure; returns the cool-down in seconds (None: for good)."""
-        with self.lock:
-            if self.cooldown is None:
-                self.excluded[host] = float("inf")
-                return None
-            lo, hi = self.cooldown
-            wait = random.uniform(lo, hi)
-            self.excluded[host] = time.monotonic() + wait
-            return wait
 
 
 class _Handler(socketserver.BaseRequestHandler):
@@ -136,16 +51,20 @@ class ElasticDriver:
 
     Args:
         discover: returns {host: slots} (the discovery script, or the fixed ``-H`` list).
-        min_np, max_np: Horovod's ``--min-np`` / ``--max-np``.
+        min_np, max_np: Horovod's ``--min-np`` / ``--max-np`` (``max_np`` None: no bound, as in Horovod).
         cooldown: ``--blacklist-cooldown-range`` (None: failed hosts stay excluded).
         bind: the address to listen on (loopback unless workers run on other hosts).
         log: where messages go.
+        keep_survivors: a failed worker's host is excluded for new workers, but its other workers stay (a job
+            on this machine alone, started without a host list: excluding its only host would end it at the
+            first failure). Otherwise they leave at that reset, as in Horovod.
     """
 
-    def __init__(self, discover: Callable[[], dict[str, int]], min_np: int, max_np: int,
+    def __init__(self, discover: Callable[[], dict[str, int]], min_np: int, max_np: int | None,
                  cooldown: tuple[float, float] | None = None, bind: str = "127.0.0.1",
-                 log: Callable[[str], None] | None = None) -> None:
+                 log: Callable[[str], None] | None = None, keep_survivors: bool = False) -> None:
         self.discover = discover
+        self.keep_survivors = keep_survivors
         self.min_np, self.max_np = min_np, max_np
         self.table = HostTable(cooldown=cooldown)
         self.key = secrets.token_bytes(32)
@@ -154,6 +73,17 @@ class ElasticDriver:
         # different hosts may share one (the test bed's hosts each have a PID namespace; so may containers).
         self.members: dict[tuple[str, int], str] = {}
         self.failures: list[tuple[float, str, int]] = []
+        self._failed: set[tuple[str, int]] = set()  # (real host, pid) of every failure recorded
+        # Workers told to leave (their host was removed or excluded): their absence is no failure.
+        self._leaving: set[tuple[str, int]] = set()
+        # Workers of a host excluded after a failure: they leave at the next reset even if the host's cool-down
+        # is over by then (Horovod stops them at once; here they leave when the others re-form the world).
+        self._evict: set[tuple[str, int]] = set()
+        self.done = False  # rank 0 returned from the elastic function: the job finished
+        self._bye: set[tuple[str, int]] = set()  # workers that are ending (at their script's end)
+        self.ended_at: float | None = None  # when the whole world had said so, after the training finished
+        self.last_seen: dict[str, float] = {}  # real host -> monotonic time of its workers' last request
+        self.reset_count = 0  # the highest reset count the workers reported (they carry it across restarts)
         self._told_remote = False
         self.fatal: str | None = None
         self.discovery_error: str | None = None
@@ -180,7 +110,7 @@ class ElasticDriver:
         """What every worker needs to reach the driver."""
         return {"HORO_ELASTIC_DRIVER": self.address, "HORO_ELASTIC_SECRET": self.key.hex(),
                 "HORO_ELASTIC_ASSIGN": ",".join(assignment), "HORO_ELASTIC_MIN_NP": str(self.min_np),
-                "HORO_ELASTIC_MAX_NP": str(self.max_np)}
+                "HORO_ELASTIC_MAX_NP": str(self.max_np or 0)}
 
     def refresh(self) -> None:
         try:
@@ -207,22 +137,45 @@ class ElasticDriver:
             self.refresh()
 
     def initial_assignment(self, np_: int, timeout: float) -> list[str]:
-        """Wait up to ``timeout`` for ``min_np`` slots; claim ``np`` (bounded by max and what exists)."""
+        """Wait up to ``timeout`` for ``np`` (at least ``min_np``) free slots, then claim every free slot up to
+        ``max_np``: Horovod starts its workers on all the slots it has, ``-np`` only says how many to wait for."""
         deadline = time.monotonic() + timeout
+        need = max(np_, self.min_np)
         while True:
             self.refresh()
             free = self.table.free_slots()
-            if len(free) >= self.min_np:
-                return self.table.claim(min(max(np_, self.min_np), self.max_np, len(free)))
+            if len(free) >= need:
+                return self.table.claim(min(self.max_np or len(free), len(free)))
             if time.monotonic() >= deadline:
+                what = f"--min-np={self.min_np}" if need == self.min_np else f"-np={need}"
                 raise TimeoutError(
-                    f"only {len(free)} slots were discovered, fewer than --min-np={self.min_np}, for {timeout:g} s "
+                    f"only {len(free)} slots were discovered, fewer than {what}, for {timeout:g} s "
                     f"(--elastic-timeout). Hosts: {self.table.usable() or 'none'}.")
             time.sleep(1.0)
+
+    def leavers(self) -> list[tuple[str, int]]:
+        """Workers that must leave at the next reset: those on a host that discovery no longer lists or that is
+        excluded, and the newest ones on a host that now lists fewer slots than it has workers."""
+        with self.table.lock:
+            room = self.table.usable()
+            if self.keep_survivors:
+                for host, slots in self.table.hosts.items():
+                    room.setdefault(host, slots)
+            count: dict[str, int] = {}
+            for host in self.members.values():
+                count[host] = count.get(host, 0) + 1
+            out = []
+            for key, host in reversed(list(self.members.items())):  # newest (highest rank) first
+                if count[host] > room.get(host, 0) or key in self._evict:
+                    out.append(key)
+                    count[host] -= 1
+            return out[::-1]
 
     # ---- requests from workers -------------------------------------------------------------------
     def handle(self, msg: dict[str, Any]) -> dict[str, Any]:
         op = msg.get("op")
+        if isinstance(msg.get("real"), str):
+            self.last_seen[msg["real"]] = time.monotonic()
         if op == "poll":
             usable = self.table.usable()
             self._note_remote_growth()
@@ -230,16 +183,30 @@ class ElasticDriver:
             # A restart resumes from the commit kept here: not for a state that cannot be sent.
             restartable = self.restart_growth and not self.state_unsupported
             remote = len(self.table.free_slots()) - len(free) if restartable else 0
-            return {"free": len(free), "remote_free": remote, "max_np": self.max_np,
-                    "hosts": [f"{h}:{s}" for h, s in usable.items()]}
+            return {"free": len(free), "remote_free": remote, "max_np": self.max_np or 0,
+                    "hosts": [f"{h}:{s}" for h, s in usable.items()],
+                    "remove": len(set(self.leavers()) - self._leaving)}
         if op == "claim":
-            room = self.max_np - int(msg.get("size", 0))
+            room = self.max_np - int(msg.get("size", 0)) if self.max_np else 1 << 30
             hosts = self.table.claim(room, local_only=True)
             if hosts:
                 self.log(f"adding {len(hosts)} worker(s) on {hosts}")
             return {"hosts": hosts}
         if op == "world":
-            self._world(msg.get("members", []))
+            return self._world(msg.get("members", []))
+        if op == "failed":
+            self._record_failure(str(msg.get("real", "?")), int(msg.get("pid", 0)), str(msg.get("host", "?")),
+                                 f"worker pid {msg.get('pid')} on host {msg.get('host')} raised "
+                                 f"{str(msg.get('error', '?'))[:300]}")
+            return {"ok": True}
+        if op == "done":
+            self.done = True
+            return {"ok": True}
+        if op == "bye":
+            with self.table.lock:
+                self._bye.add((str(msg.get("real", "?")), int(msg.get("pid", 0))))
+                if self.done and self.ended_at is None and set(self.members) <= self._bye:
+                    self.ended_at = time.monotonic()
             return {"ok": True}
         if op == "fatal":
             self.fatal = str(msg.get("message", "fatal error"))
@@ -277,6 +244,14 @@ class ElasticDriver:
         wait = self.table.exclude(host)
         self.log(f"{why}; {host} is excluded " + ("for the rest of the job" if wait is None else f"for {wait:.0f} s"))
 
+    def unreachable(self, hosts: list[str], margin: float = 2.5) -> list[str]:
+        """Of ``hosts`` (real names), those whose workers stopped asking well before the others did: after a
+        stall, the ranks of a host cut off the network could not reach this driver either, while the others
+        kept polling (about once a second) until they stopped. Empty when that does not tell them apart."""
+        seen = {h: self.last_seen.get(h, 0.0) for h in hosts}
+        newest = max(self.last_seen.values(), default=0.0)
+        return [h for h, t in seen.items() if t < newest - margin] if newest else []
+
     def forget_world(self) -> None:
         """Between two MPI jobs of one elastic run: the old job's workers are gone, none of them failed."""
         with self.table.lock:
@@ -284,39 +259,81 @@ class ElasticDriver:
             self.table.in_use = {}
             self.world_reports = 0
             self.restart_requested = False
+            self.done = False
+            self._leaving = set()
+            self._evict = set()
+            self._bye = set()
+            self.ended_at = None
 
-    def lose_hosts(self, lost: list[str]) -> list[str]:
+    def lose_hosts(self, lost: list[str], why: str = "its Open MPI daemon too") -> list[str]:
         """The MPI job ended because it lost whole hosts (``lost``: MPI host names): record their workers as
         failed, exclude those hosts, and forget the old job's world. Returns the logical hosts excluded."""
         with self.table.lock:
             logical = {h for h in lost if h in self.table.hosts}
             dead = [(real, pid, host) for (real, pid), host in self.members.items() if real in lost or host in lost]
             logical.update(host for _real, _pid, host in dead)
-            for _real, pid, host in dead:
-                self.failures.append((time.time(), host, pid))
+            for real, pid, host in dead:
+                if (real, pid) not in self._failed:
+                    self._failed.add((real, pid))
+                    self.failures.append((time.time(), host, pid))
             for host in sorted(logical):
-                self._exclude(host, f"host {host} was lost (its Open MPI daemon too)")
+                self._exclude(host, f"host {host} was lost ({why})")
         self.forget_world()
         return sorted(logical)
 
-    def _world(self, members: list[list[Any]]) -> None:
-        now = {(str(real), int(pid)): str(host) for host, real, pid in members}
+    def _record_failure(self, real: str, pid: int, host: str, why: str) -> None:
+        with self.table.lock:
+            if (real, pid) in self._failed:
+                return
+            self._failed.add((real, pid))
+            self.failures.append((time.time(), host, pid))
+            self._exclude(host, why)
+            if not self.keep_survivors:
+                self._evict.update(k for k, h in self.members.items() if h == host and k != (real, pid))
+
+    def _world(self, members: list[list[Any]]) -> dict[str, Any]:
+        """Rank 0's report of who is in the world now (``[host, real host, pid, resets]`` per rank, in rank
+        order). Workers gone since the last report failed, unless they were told to leave. The answer names
+        the workers that must leave now, or why none can go on."""
+        now = {(str(m[1]), int(m[2])): str(m[0]) for m in members}
         with self.table.lock:
             self.world_reports += 1
-            if self.members:
-                for (real, pid), host in self.members.items():
-                    if (real, pid) not in now:
-                        self.failures.append((time.time(), host, pid))
-                        self._exclude(host, f"worker pid {pid} on host {host} failed")
+            self.reset_count = max([self.reset_count, *(int(m[3]) for m in members if len(m) > 3)])
+            for (real, pid), host in self.members.items():
+                if (real, pid) not in now and (real, pid) not in self._leaving:
+                    self._record_failure(real, pid, host, f"worker pid {pid} on host {host} failed")
+            self._leaving &= set(now)
+            self._evict &= set(now)
+            changed = now != self.members
             self.members = now
             counts: dict[str, int] = {}
             for host in now.values():
                 counts[host] = counts.get(host, 0) + 1
             self.table.in_use = counts
-        self.log(f"world now has {len(now)} worker(s): {sorted(counts.items())}")
+            leave = self.leavers()
+            self._leaving.update(leave)
+            usable = self.table.usable()
+            evicted = {now[k] for k in leave if k in self._evict} | set(self.table.excluded)
+        if changed:
+            self.log(f"world now has {len(now)} worker(s): {sorted(counts.items())}")
+        if not leave:
+            return {"ok": True, "leave": []}
+        why = {h: "excluded after a failure" if h in evicted else
+               "no longer listed by host discovery" if h not in usable else f"listed with {usable[h]} slot(s) now"
+               for h in {now[k] for k in leave}}
+        if len(leave) == len(now):
+            named = ", ".join(f"{h}: {w}" for h, w in sorted(why.items()))
+            self.fatal = (f"no worker can go on: every host of the job must leave ({named}), so no worker is "
+                          "left to hand the training state on. HINT: a "
+                          "host whose worker failed is excluded (--blacklist-cooldown-range lets it come back); "
+                          "host discovery must keep listing at least one host of the running job.")
+            return {"ok": False, "leave": [list(k) for k in leave], "fatal": self.fatal}
+        named = "; ".join(f"{h} ({w})" for h, w in sorted(why.items()))
+        self.log(f"{len(leave)} worker(s) leave at this reset: {named}")
+        return {"ok": True, "leave": [list(k) for k in leave]}
 
 
-def mpi_hosts(logical: dict[str, int], max_np: int) -> list[tuple[str, int]]:
+def mpi_hosts(logical: dict[str, int], max_np: int | None) -> list[tuple[str, int]]:
     """Real MPI hosts (and slots) for the logical hosts: local aliases fold into this machine."""
     me = socket.gethostname()
     real: dict[str, int] = {}
@@ -324,9 +341,9 @@ def mpi_hosts(logical: dict[str, int], max_np: int) -> list[tuple[str, int]]:
         name = me if h in local_aliases() else h
         real[name] = real.get(name, 0) + s
     if me in real:
-        real[me] = max(real[me], max_np)  # room to spawn up to --max-np here, whatever discovery says later
+        real[me] = max(real[me], max_np or 0)  # room to spawn up to --max-np here, whatever discovery says later
     elif not real:
-        real[me] = max_np
+        real[me] = max_np or 1
     return list(real.items())
 
 

@@ -20,6 +20,7 @@ import socket
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 from horo.run.elastic_driver import (
     DiscoveryError,
@@ -55,8 +56,10 @@ def _why_not_restart(driver: ElasticDriver, rc: int, lost: list[str]) -> str | N
 
 def _launch(ns: argparse.Namespace, mpiexec: str, base_env: dict[str, str], genv: dict[str, str],
             ssh_command: str | None, driver: ElasticDriver, first: dict[str, int], assignment: list[str],
-            resets: int, lost: list[str]) -> int:
-    """Run one MPI job of the elastic run; hosts whose daemon it lost are added to ``lost``."""
+            resets: int, lost: list[str], notes: dict[str, Any]) -> int:
+    """Run one MPI job of the elastic run; hosts whose daemon it lost, or that fell silent while the other
+    hosts' ranks stalled (a cut link), are added to ``lost``. ``notes["reported"]``: whether a rank reported
+    its own non-zero exit (the status is then that rank's)."""
     env_extra = driver.env(assignment)
     if env_extra["HORO_ELASTIC_DRIVER"].startswith("0.0.0.0:"):
         env_extra["HORO_ELASTIC_DRIVER"] = socket.gethostname() + env_extra["HORO_ELASTIC_DRIVER"][7:]
@@ -92,12 +95,14 @@ def _launch(ns: argparse.Namespace, mpiexec: str, base_env: dict[str, str], genv
     with tempfile.TemporaryDirectory(prefix="hororun-") as tmp:
         env["HORORUN_STATUS_DIR"] = tmp
         try:
-            rc = run_job(cmd, env, lost_hosts=lost)
+            rc = run_job(cmd, env, lost_hosts=lost, hosts=[h for h, _s in hosts], notes=notes,
+                         ended=lambda: driver.ended_at)
         except OSError as exc:
             driver.fatal = f"cannot start {mpiexec}: {exc}"
             return 127
+        notes["reported"] = any(Path(tmp).glob("exit.*"))
         rc = first_rank_exit(tmp, rc)
-        if rc == 0 and any(Path(tmp).glob("exit.*")):
+        if rc == 0 and notes["reported"]:
             rc = 1
     return rc
 
@@ -134,7 +139,7 @@ def run_elastic(ns: argparse.Namespace, mpiexec: str, flavor: str, base_env: dic
     except DiscoveryError as exc:
         return _fail(str(exc), 2)
     driver = ElasticDriver(discover, ns.min_np, ns.max_np, cooldown=tuple(ns.cooldown) if ns.cooldown else None,
-                           bind=bind_address(first))
+                           bind=bind_address(first), keep_survivors=not (ns.hosts or ns.discovery))
     try:
         assignment = driver.initial_assignment(ns.np, ns.elastic_timeout)
     except TimeoutError as exc:
@@ -143,10 +148,17 @@ def run_elastic(ns: argparse.Namespace, mpiexec: str, flavor: str, base_env: dic
     driver.restart_growth = any_remote(first)
     driver.start()
     resets = 0  # resets before the current MPI job (its workers continue the count)
+    notes: dict[str, Any] = {}
     try:
         while True:
             lost: list[str] = []
-            rc = _launch(ns, mpiexec, base_env, genv, ssh_command, driver, first, assignment, resets, lost)
+            notes = {}
+            rc = _launch(ns, mpiexec, base_env, genv, ssh_command, driver, first, assignment, resets, lost, notes)
+            if notes.get("stalled"):
+                # A cut link: of the hosts none of whose ranks reported the stall, keep those whose workers
+                # also stopped reaching the driver early (a rank stuck in a reset reports nothing, yet polls).
+                lost[:] = [h for h in lost if h not in notes["silent"]] + \
+                    (driver.unreachable(notes["silent"]) or notes["silent"])
             grow = rc == 0 and driver.restart_requested and not lost
             if not grow:
                 why_not = _why_not_restart(driver, rc, lost)
@@ -155,17 +167,19 @@ def run_elastic(ns: argparse.Namespace, mpiexec: str, flavor: str, base_env: dic
                         print(f"hororun: elastic: lost host(s) {', '.join(lost)}; not restarting: {why_not}",
                               file=sys.stderr, flush=True)
                     break
-            resets += max(0, driver.world_reports - 1) + 1
+            resets = max(resets, driver.reset_count) + 1
             if grow:
                 driver.forget_world()
-            excluded = [] if grow else driver.lose_hosts(lost)
+            why = ("cut off: none of its ranks reported the stall the others did, and its workers stopped reaching "
+                   "hororun" if notes.get("stalled") else "its Open MPI daemon too")
+            excluded = [] if grow else driver.lose_hosts(lost, why)
             if ns.reset_limit is not None and resets > ns.reset_limit:
                 driver.fatal = (f"the job was reset {resets} times, more than --reset-limit allows. Received: "
                                 f"reset_limit={ns.reset_limit}. HINT: raise --reset-limit.")
                 break
             try:
-                # Growth takes every slot up to --max-np; after a loss, as many workers as before if possible.
-                assignment = driver.initial_assignment(ns.max_np if grow else len(assignment), ns.elastic_timeout)
+                # As at the start: wait for --min-np slots, then take every slot up to --max-np.
+                assignment = driver.initial_assignment(ns.min_np, ns.elastic_timeout)
             except TimeoutError as exc:
                 driver.fatal = f"after losing {', '.join(excluded) or ', '.join(lost)}: {exc}"
                 break
@@ -179,4 +193,25 @@ def run_elastic(ns: argparse.Namespace, mpiexec: str, flavor: str, base_env: dic
         print(f"hororun: elastic: {len(driver.failures)} worker(s) failed during the job: {names}", file=sys.stderr)
     if driver.fatal:
         return _fail(driver.fatal, 127 if rc == 127 else 1)  # 127: mpiexec could not be started
+    return _status(driver, rc, notes)
+
+
+def _status(driver: ElasticDriver, rc: int, notes: dict[str, Any]) -> int:
+    """hororun's exit status after the last MPI job: the first failing rank's own code when one reported it;
+    else 0 when the training finished; else 1 when workers failed and none finished, as Horovod does; else
+    mpiexec's status.
+
+    mpiexec's own status says little in elastic mode: under ULFM, workers that failed or left along the way,
+    and the survivors after them, end without ``MPI_Finalize``; prterun then reports a process killed by a
+    signal (137), calls the exit improper (1), or, once every worker it started has ended before the ones
+    spawned later, says "LAUNCHER JOB OBJECT NOT FOUND" (1), all while the training finished (measured,
+    Open MPI 5.0.11)."""
+    if notes.get("reported"):
+        return rc
+    if driver.done:
+        return 0
+    if driver.failures and not driver.done:
+        return _fail("no worker finished the training: every worker failed or was stopped (see the failures "
+                     "above). HINT: an exception on every worker is usually a bug in the script; its "
+                     "traceback is above.")
     return rc

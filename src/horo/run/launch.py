@@ -16,6 +16,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from horo.run.reach import Probe
+
 __all__ = ["JobWatch", "descendants", "first_rank_exit", "kill_leftovers", "remove_stale_session_dirs", "run_job"]
 
 _PR_SET_PDEATHSIG = 1
@@ -149,23 +151,46 @@ _HOST = re.compile(rb"(?:Remote host:\s*|on node\s+|on host\s+)([A-Za-z0-9_.\-]+
 # with a remote daemon" ... "Remote daemon: [prterun-...@0,2] on node node3", or "A daemon failed to report
 # back after being spawned" ... "Remote host: node3" (also for a daemon that died mid-job).
 _DAEMON_LOST = re.compile(rb"lost communication with a remote daemon|daemon failed to report back")
+# A rank aborting the whole job: the job is to end, in elastic mode too (prterun was seen to stay, after an
+# abort by a worker that had been spawned into the world).
+_ABORT = re.compile(rb"MPI_ABORT was invoked")
 _DAEMON_HOST = re.compile(rb"(?:Remote daemon:.*?on node\s+|Remote host:\s*)([A-Za-z0-9_.\-]+)")
+# horo's stall watchdog (core/base/watchdog.py), printed by a rank before it exits. It counts as a failure by
+# itself: when the launcher's own host runs ranks, prterun reports nothing of their exit while a remote
+# daemon is cut off (measured on horo.testbed), so its lines alone would never end the job.
+_STALL = re.compile(rb"horo: error: rank \d+ on host ([A-Za-z0-9_.\-]+) has been blocked in ")
 
 
 class JobWatch:
-    """Reads one of mpiexec's streams, passes it on line by line, and notes when the launcher reports a failure."""
+    """Reads one of mpiexec's streams, passes it on line by line, and notes when the job is failing: the
+    launcher reports a failure, or a rank reports that horo's watchdog found it stalled.
 
-    def __init__(self, sink: Callable[[bytes], None]) -> None:
+    ``proc_failures``: whether a process that failed or ended early counts (not in elastic mode: under
+    ULFM the job survives it, and workers that leave end without ``MPI_Finalize`` on purpose, which
+    prterun reports as improper; only a lost daemon, an ``MPI_Abort`` or a stall ends such a job).
+    """
+
+    def __init__(self, sink: Callable[[bytes], None], proc_failures: bool = True) -> None:
         self.sink = sink
+        self.proc_failures = proc_failures
         self.failed_at: float | None = None
         self.hosts: list[str] = []
         self.daemon_lost = False
         self._daemon_hosts: list[str] = []
+        self.stalled: list[str] = []  # hosts whose ranks reported a stall
 
     def feed(self, line: bytes) -> None:
         self.sink(line)
-        if _FAILURE.search(line) and self.failed_at is None:
+        stall = _STALL.search(line)
+        if stall:
+            host = stall.group(1).decode(errors="replace").rstrip(".")
+            if host not in self.stalled:
+                self.stalled.append(host)
+        failed = _FAILURE.search(line) and (self.proc_failures or _DAEMON_LOST.search(line) or _ABORT.search(line))
+        if (stall or failed) and self.failed_at is None:
             self.failed_at = time.monotonic()
+        if stall:
+            return  # the host it names is the reporter's, not the failed one
         for m in _HOST.finditer(line):
             host = m.group(1).decode(errors="replace").rstrip(".")
             if host not in self.hosts:
@@ -182,6 +207,13 @@ class JobWatch:
         """Hosts whose launcher daemon the job lost (named in the launcher's report of that)."""
         return list(self._daemon_hosts) if self.daemon_lost else []
 
+    def silent(self, hosts: list[str]) -> list[str]:
+        """Of the job's ``hosts``, those none of whose ranks reported a stall, once some rank did: when a link
+        is cut, every rank stalls, but only the reachable hosts' reports arrive."""
+        if not self.stalled:
+            return []
+        return [h for h in hosts if h not in self.stalled]
+
     def merge(self, other: JobWatch) -> None:
         """Take in what ``other`` (the stdout watch) saw."""
         if other.failed_at is not None and (self.failed_at is None or other.failed_at < self.failed_at):
@@ -189,6 +221,7 @@ class JobWatch:
         self.hosts += [h for h in other.hosts if h not in self.hosts]
         self.daemon_lost = self.daemon_lost or other.daemon_lost
         self._daemon_hosts += [h for h in other._daemon_hosts if h not in self._daemon_hosts]  # noqa: SLF001
+        self.stalled += [h for h in other.stalled if h not in self.stalled]
 
     def pump(self, stream: Any) -> None:
         for line in iter(stream.readline, b""):
@@ -212,7 +245,8 @@ def _to_stderr(line: bytes) -> None:
 
 
 def run_job(cmd: list[str], env: dict[str, str], grace: float = 5.0, teardown: float = 10.0,
-            lost_hosts: list[str] | None = None) -> int:
+            lost_hosts: list[str] | None = None, hosts: list[str] | None = None,
+            notes: dict[str, Any] | None = None, ended: Callable[[], float | None] | None = None) -> int:
     """Run ``cmd`` (an mpiexec line) to completion and return its exit status.
 
     mpiexec gets a session of its own, so a terminal's Ctrl-C reaches only hororun, which forwards
@@ -220,13 +254,20 @@ def run_job(cmd: list[str], env: dict[str, str], grace: float = 5.0, teardown: f
     ``grace`` seconds later, or a second signal comes, it is killed. Whatever is left afterwards is killed
     too. A death by signal is reported as 128 + signal number, as shells do.
 
-    mpiexec's stderr goes through a :class:`JobWatch`: once the launcher reports a failed rank or a lost
-    host, mpiexec gets ``teardown`` seconds to end the job, then is killed (a host cut off from the network
-    never answers its kill order), and a failure is never reported as status 0.
+    mpiexec's output goes through a :class:`JobWatch`: once the launcher reports a failed rank or a lost
+    host, or a rank reports that horo's watchdog found it stalled, mpiexec gets ``teardown`` seconds to end
+    the job, then is killed (a host cut off from the network never answers its kill order), and a failure is
+    never reported as status 0.
 
     Children this process already had (when ``main`` is called from a bigger program) are left alone.
-    ``lost_hosts``, when given, receives the hosts whose launcher daemon the job lost (elastic mode restarts
-    the job without them).
+    ``hosts``: the job's hosts; after a stall, those none of whose ranks reported it are named as the likely
+    cause, narrowed to those that do not answer on the network when some do not (``reach.Probe``).
+    ``lost_hosts``, when given (elastic mode, which restarts the job without them), receives the hosts
+    whose launcher daemon the job lost or, after a stall, those silent hosts; only those end the job then
+    (``JobWatch``'s ``proc_failures``), and failures are left to the caller to report. ``notes``, when
+    given, receives the hosts whose ranks reported a stall (``stalled``) and the silent ones (``silent``).
+    ``ended``, when given, returns when every rank said it was ending (else None): mpiexec then gets
+    ``teardown`` seconds to finish before it is ended.
     """
     prctl = _prctl()
     if prctl is not None:
@@ -242,14 +283,15 @@ def run_job(cmd: list[str], env: dict[str, str], grace: float = 5.0, teardown: f
     # preexec_fn only calls prctl, which takes no locks; the usual threads caveat does not bite here.
     proc = subprocess.Popen(cmd, env=env, start_new_session=True, preexec_fn=in_child,  # noqa: PLW1509
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    watch = JobWatch(_to_stderr)
-    out_watch = JobWatch(_to_stdout)
+    watch = JobWatch(_to_stderr, proc_failures=lost_hosts is None)
+    out_watch = JobWatch(_to_stdout, proc_failures=lost_hosts is None)
     readers = [threading.Thread(target=w.pump, args=(stream,), name=f"hororun-{label}", daemon=True)
                for w, stream, label in ((watch, proc.stderr, "stderr"), (out_watch, proc.stdout, "stdout"))]
     for reader in readers:
         reader.start()
     received: list[int] = []
     killed_stuck = False
+    probe = None
 
     def forward(signum: int, _frame: object) -> None:
         received.append(signum)
@@ -274,8 +316,13 @@ def run_job(cmd: list[str], env: dict[str, str], grace: float = 5.0, teardown: f
             if deadline is not None and time.monotonic() > deadline:
                 proc.kill()
             watch.merge(out_watch)
+            if probe is None and hosts and watch.stalled:  # during the teardown wait
+                probe = Probe(hosts)
             if watch.failed_at is not None and time.monotonic() > watch.failed_at + teardown:
                 killed_stuck = True
+                proc.kill()
+            end = ended() if ended is not None else None
+            if end is not None and time.monotonic() > end + teardown:
                 proc.kill()
     finally:
         for sig, handler in previous.items():
@@ -287,19 +334,35 @@ def run_job(cmd: list[str], env: dict[str, str], grace: float = 5.0, teardown: f
         for reader in readers:
             reader.join(timeout=2.0)
         watch.merge(out_watch)
-        if lost_hosts is not None:
-            lost_hosts.extend(watch.lost)
+    silent = watch.silent(hosts or [])
+    cut = [h for h in silent if h in (probe.silent() if probe is not None else [])]
+    if cut:
+        silent = cut  # a host that reported nothing may just have been killed before its line got out
+    if notes is not None:
+        notes.update(stalled=list(watch.stalled), silent=silent)
+    if lost_hosts is not None:
+        lost_hosts.extend(h for h in [*watch.lost, *silent] if h not in lost_hosts)
     rc = rc if rc >= 0 else 128 - rc
-    if watch.failed_at is not None and (rc == 0 or killed_stuck):
-        if lost_hosts is not None and watch.lost:  # the elastic caller restarts without them, or says why not
-            return rc if rc not in (0, -9, 137) else 1
-        hosts = f" (hosts in mpiexec's messages: {', '.join(watch.hosts)})" if watch.hosts else ""
-        why = (f"mpiexec had not ended the job {teardown:g} s after it reported a failure, so hororun killed it"
-               if killed_stuck else "mpiexec exited 0 although it reported a failure")
-        _to_stderr(f"hororun: error: the job failed{hosts}: {why}. HINT: a lost host or a cut network "
-                   "link looks like this; see the messages above.\n".encode())
-        rc = rc if rc not in (0, -9, 137) else 1
-    return rc
+    if watch.failed_at is None or not (rc == 0 or killed_stuck or watch.stalled):
+        return rc
+    if lost_hosts is not None:  # the elastic caller restarts without the lost hosts, or says why not
+        return 1 if rc in (0, 137) and (watch.lost or silent or killed_stuck) else rc
+    why = (f"mpiexec had not ended the job {teardown:g} s after the first failure was reported, so hororun "
+           "killed it" if killed_stuck else "mpiexec exited 0 although it reported a failure" if rc == 0 else
+           f"mpiexec exited with status {rc}")
+    if watch.stalled:
+        cause = (f"{', '.join(cut)} did not answer a TCP connection attempt from this host and none of its ranks "
+                 "reported: that host, or the network to it, is the likely cause" if cut else
+                 f"no rank on {', '.join(silent)} reported: that host, or the network to it, is the likely cause"
+                 if silent else "every host's ranks reported it")
+        _to_stderr(f"hororun: error: the job failed: ranks on {', '.join(watch.stalled)} stalled in a collective "
+                   f"past HORO_STALL_SHUTDOWN_TIME_SECONDS; {cause}. {why}. HINT: a cut network link or a hung "
+                   "host looks like this; see the ranks' messages above.\n".encode())
+    else:
+        named = f" (hosts in mpiexec's messages: {', '.join(watch.hosts)})" if watch.hosts else ""
+        _to_stderr(f"hororun: error: the job failed{named}: {why}. HINT: a lost host or a cut network link "
+                   "looks like this; see the messages above.\n".encode())
+    return rc if rc not in (0, -9, 137) else 1
 
 
 def first_rank_exit(folder: str, rc: int) -> int:

@@ -1,7 +1,11 @@
-"""Collectives on TF tensors, eagerly and inside ``tf.function``, and a step's gradients in one exchange.
+"""Horovod's TensorFlow collectives on tf tensors, eagerly, in ``tf.function`` and in ``tf.compat.v1`` graphs.
 
-Each exchange is ONE ``tf.numpy_function`` when traced (``tensors.run``): a whole gradient list costs one
-Python round trip and one fused MPI call per dtype.
+Every op goes to horo's engine by name (``engine_ops``): a graph may run independent collectives in any order on
+any rank, and a mismatch fails on every rank with ``tf.errors.FailedPreconditionError``. Every dtype horo moves
+(uint8, int8, uint16, int16, int32, int64, float16, bfloat16, float32, float64, bool) and every reduce op of
+the core (``Average``, ``Sum``, ``Min``, ``Max``, ``Product``, ``Adasum``) is accepted; the rule that gradients
+are only averaged, summed or Adasum-combined belongs to the gradient exchange (``grad_exchange``), not here.
+Floating inputs get gradients (``primitives``) in eager and graph mode.
 """
 
 from __future__ import annotations
@@ -11,237 +15,207 @@ from typing import Any
 
 import numpy as np
 
-from .. import core
-from ..core.api.compression import Compression
-from ..core.api.process_sets import ProcessSet
+from ..core.api.process_sets import ProcessSet, global_process_set, resolve
+from ..core.base.dtypes import check_dtype
 from ..core.base.ops import Adasum, Average, ReduceOp, Sum, resolve_op
-from ..plugins.fused import FusedAllreduce
-from ..plugins.half_exchange import WIRE_DTYPES, HalfExchange
-from ..plugins.packing import broadcast_arrays
-from .tensors import TensorFlowMath, compress, decompress, import_tf, np_dtype, run, set_size
+from .compressors import Compression
+from .errors import TensorFlowArgumentError, tf_op
+from .grad_exchange import broadcast_variables, reduce_gradients
+from .primitives import allgather_op, allreduce_op, alltoall_op, broadcast_op, reducescatter_op
+from .tensors import compress, decompress, import_tf
 
-__all__ = ["allgather", "allreduce", "alltoall", "broadcast", "broadcast_variables", "grouped_allreduce",
-           "reduce_gradients", "reducescatter"]
+__all__ = ["allgather", "allreduce", "alltoall", "broadcast", "broadcast_", "broadcast_variables",
+           "grouped_allgather", "grouped_allreduce", "grouped_reducescatter", "reduce_gradients",
+           "reducescatter"]
 
-_GRAD_NAME = "horo.gradients"
+def _tensor(x: Any, what: str, arg: str = "tensor", need_dim: bool = False) -> Any:
+    """``x`` as a tf tensor of a dtype horo moves (variables are read)."""
+    tf = import_tf()
+    t = x if isinstance(x, tf.Tensor) else tf.convert_to_tensor(x)
+    try:
+        check_dtype(np.dtype(t.dtype.as_numpy_dtype), arg)
+    except TypeError as exc:
+        raise TensorFlowArgumentError(f"{what}: {exc}") from None
+    if need_dim and t.shape.rank == 0:
+        raise TensorFlowArgumentError(f"{what} needs at least one dimension. Received: {arg}.shape=(). "
+                                      "HINT: reshape to (1,).")
+    return t
 
+
+# -- Horovod's API -------------------------------------------------------------------------------------------
+
+@tf_op
 def allreduce(tensor: Any, average: bool | None = None, device_dense: str = "", device_sparse: str = "",
               compression: Any = Compression.none, op: Any = None, prescale_factor: float = 1.0,
               postscale_factor: float = 1.0, name: str | None = None,
-              process_set: ProcessSet | None = None) -> Any:
-    """Allreduce a tf tensor (or ``tf.IndexedSlices``, which is allgathered as in Horovod)."""
-    rop = resolve_op(op, average)
-    return reduce_gradients([tensor], op=rop, compression=compression, prescale_factor=prescale_factor,
-                            postscale_factor=postscale_factor, process_set=process_set,
-                            name=name or "horo.allreduce", skip_at_size_one=False)[0]
+              process_set: ProcessSet = global_process_set, ignore_name_scope: bool = False) -> Any:
+    """Reduce a tf tensor over the ranks (default: average); a ``tf.IndexedSlices`` is allgathered.
+
+    Args:
+        tensor: a tf tensor, variable or ``tf.IndexedSlices`` (Sum or Average only, no scale factors).
+        op: ``Average`` (default), ``Sum``, ``Min``, ``Max``, ``Product`` or ``Adasum``.
+        compression: ``Compression.none``, ``.fp16`` or ``.bf16`` (cast for the exchange only).
+        prescale_factor: multiply before the reduction; postscale_factor: after it.
+        name: the op's name (eagerly the engine's; in a graph, the op's, made unique by TensorFlow).
+        device_dense: accepted for Horovod compatibility.
+        device_sparse: accepted for Horovod compatibility.
+        ignore_name_scope: accepted for Horovod compatibility.
+    """
+    return grouped_allreduce([tensor], average, device_dense, device_sparse, compression, op, prescale_factor,
+                             postscale_factor, process_set, ignore_name_scope, name)[0]
 
 
+@tf_op
 def grouped_allreduce(tensors: Sequence[Any], average: bool | None = None, device_dense: str = "",
                       device_sparse: str = "", compression: Any = Compression.none, op: Any = None,
-                      prescale_factor: float = 1.0, postscale_factor: float = 1.0, name: str | None = None,
-                      process_set: ProcessSet | None = None) -> list[Any]:
-    """Allreduce a list of tf tensors in one fused exchange."""
+                      prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+                      process_set: ProcessSet = global_process_set, ignore_name_scope: bool = False,
+                      name: str | None = None) -> list[Any]:
+    """Allreduce a list of tensors and ``tf.IndexedSlices`` together (see :func:`allreduce`)."""
+    tf = import_tf()
     if not isinstance(tensors, (list, tuple)):
         raise TypeError(f"grouped_allreduce takes a list of tensors. Received: tensors of type "
                         f"{type(tensors).__name__}. HINT: pass [t1, t2, ...].")
+    if not tensors:
+        return []
     rop = resolve_op(op, average)
-    return reduce_gradients(list(tensors), op=rop, compression=compression, prescale_factor=prescale_factor,
-                            postscale_factor=postscale_factor, process_set=process_set,
-                            name=name or "horo.grouped_allreduce", skip_at_size_one=False)
+    sparse = [i for i, t in enumerate(tensors) if isinstance(t, tf.IndexedSlices)]
+    dense = [i for i, t in enumerate(tensors) if not isinstance(t, tf.IndexedSlices)]
+    out: list[Any] = [None] * len(tensors)
+    if sparse:
+        for i, x in zip(sparse, _sparse_allreduce([tensors[i] for i in sparse], rop, prescale_factor,
+                                                  postscale_factor, process_set, name)):
+            out[i] = x
+    if dense:
+        ts = [_tensor(tensors[i], "horo.tensorflow.allreduce", f"tensors[{i}]") for i in dense]
+        wires, ctxs = zip(*[compress(t, compression) for t in ts])
+        nm = None if name is None else (f"{name}.dense" if sparse else name)
+        reduced = allreduce_op(list(wires), rop, prescale_factor, postscale_factor, nm, process_set)
+        for i, r, ctx in zip(dense, reduced, ctxs):
+            out[i] = decompress(r, ctx, compression)
+    return out
 
 
-def allgather(tensor: Any, name: str | None = None, process_set: ProcessSet | None = None) -> Any:
+def _sparse_allreduce(slices: Sequence[Any], op: ReduceOp, pre: float, post: float,
+                      process_set: ProcessSet | None, name: str | None) -> list[Any]:
+    """IndexedSlices are reduced by allgathering their values and indices (Horovod's way)."""
+    tf = import_tf()
+    if op is Adasum:
+        raise NotImplementedError("Adasum does not reduce tf.IndexedSlices. Received: op=Adasum. "
+                                  "HINT: pass sparse_as_dense=True, or convert with tf.convert_to_tensor.")
+    if op not in (Sum, Average):
+        raise NotImplementedError(f"tf.IndexedSlices are only summed or averaged. Received: op={op!r}. "
+                                  "HINT: use op=Sum or op=Average, or convert with tf.convert_to_tensor.")
+    if pre != 1.0 or post != 1.0:
+        raise NotImplementedError(f"Scale factors are not supported with tf.IndexedSlices. Received: "
+                                  f"prescale_factor={pre}, postscale_factor={post}. HINT: scale the values "
+                                  "yourself, or convert with tf.convert_to_tensor.")
+    size = resolve(process_set, "horo.tensorflow.allreduce").size()
+    values = [_tensor(s.values, "horo.tensorflow.allreduce", f"slices[{i}].values", True)
+              for i, s in enumerate(slices)]
+    indices = [_tensor(s.indices, "horo.tensorflow.allreduce", f"slices[{i}].indices", True)
+               for i, s in enumerate(slices)]
+    gathered = allgather_op(values + indices, None if name is None else f"{name}.sparse", process_set)
+    k = len(slices)
+    out = []
+    for s, v, ix in zip(slices, gathered[:k], gathered[k:]):
+        if op is Average:
+            v = v / tf.cast(size, v.dtype)
+        out.append(tf.IndexedSlices(v, ix, s.dense_shape))
+    return out
+
+
+@tf_op
+def allgather(tensor: Any, name: str | None = None, ignore_name_scope: bool = False,
+              process_set: ProcessSet = global_process_set) -> Any:
     """Concatenate every rank's tensor along dim 0 (dim 0 may differ between ranks)."""
-    tf = import_tf()
-    t = tf.convert_to_tensor(tensor)
-    np_dtype(t.dtype, "tensor")
-    nm = name or "horo.allgather"
-    return run(lambda x: [core.allgather(x, name=name, process_set=process_set)], [t], [t.dtype],
-                [tf.TensorShape([None]).concatenate(t.shape[1:])], nm)[0]
+    return allgather_op([_tensor(tensor, "horo.tensorflow.allgather", need_dim=True)], name, process_set)[0]
 
 
-def broadcast(tensor: Any, root_rank: int, name: str | None = None,
-              process_set: ProcessSet | None = None) -> Any:
-    """Return ``root_rank``'s tensor on every rank."""
-    tf = import_tf()
-    t = tf.convert_to_tensor(tensor)
-    np_dtype(t.dtype, "tensor")
-    return run(lambda x: [core.broadcast(x, root_rank, name=name, process_set=process_set)], [t], [t.dtype],
-                [t.shape], name or "horo.broadcast")[0]
+@tf_op
+def grouped_allgather(tensors: Sequence[Any], name: str | None = None, ignore_name_scope: bool = False,
+                      process_set: ProcessSet = global_process_set) -> list[Any]:
+    """:func:`allgather` of each tensor, in one op."""
+    if not isinstance(tensors, (list, tuple)):
+        raise TypeError(f"grouped_allgather takes a list of tensors. Received: tensors of type "
+                        f"{type(tensors).__name__}. HINT: pass [t1, t2, ...].")
+    if not tensors:
+        return []
+    ts = [_tensor(t, "horo.tensorflow.grouped_allgather", f"tensors[{i}]", True) for i, t in enumerate(tensors)]
+    return allgather_op(ts, name, process_set)
 
 
-def alltoall(tensor: Any, splits: Any = None, name: str | None = None,
-             process_set: ProcessSet | None = None) -> tuple[Any, Any]:
-    """Send ``splits[r]`` rows to rank r; returns ``(received rows, received splits)``."""
-    tf = import_tf()
-    t = tf.convert_to_tensor(tensor)
-    np_dtype(t.dtype, "tensor")
-    size = set_size(process_set, "horo.alltoall")
-    if splits is None:
-        fn = lambda x: list(core.alltoall(x, None, name=name, process_set=process_set))  # noqa: E731
-        ins = [t]
-    else:
-        s = tf.cast(tf.convert_to_tensor(splits), tf.int64)
-        fn = lambda x, sp: list(core.alltoall(x, sp, name=name, process_set=process_set))  # noqa: E731
-        ins = [t, s]
-    out, recv = run(fn, ins, [t.dtype, tf.int64],
-                     [tf.TensorShape([None]).concatenate(t.shape[1:]), tf.TensorShape([size])],
-                     name or "horo.alltoall")
-    return out, tf.cast(recv, tf.int32)
+@tf_op
+def broadcast(tensor: Any, root_rank: int, name: str | None = None, ignore_name_scope: bool = False,
+              process_set: ProcessSet = global_process_set) -> Any:
+    """Return ``root_rank``'s tensor on every rank (root_rank is a global rank)."""
+    return broadcast_op([_tensor(tensor, "horo.tensorflow.broadcast")], root_rank, name, process_set)[0]
 
 
-def reducescatter(tensor: Any, op: Any = Average, name: str | None = None,
-                  process_set: ProcessSet | None = None, prescale_factor: float = 1.0,
-                  postscale_factor: float = 1.0, compression: Any = Compression.none) -> Any:
-    """Reduce over the set, then return this rank's rows of dim 0 (see ``horo.reducescatter``)."""
-    tf = import_tf()
-    t = tf.convert_to_tensor(tensor)
-    np_dtype(t.dtype, "tensor")
-    rop = resolve_op(op, None)
-    wire, ctx = compress(t, compression)
-    out = run(lambda x: [core.reducescatter(x, rop, name=name, process_set=process_set,
-                                             prescale_factor=prescale_factor,
-                                             postscale_factor=postscale_factor)],
-               [wire], [wire.dtype], [tf.TensorShape([None]).concatenate(t.shape[1:])],
-               name or "horo.reducescatter")[0]
-    return decompress(out, ctx, compression)
+@tf_op
+def broadcast_(variables: Sequence[Any], root_rank: int, name: str | None = None,
+               process_set: ProcessSet = global_process_set) -> list[Any]:
+    """Assign ``root_rank``'s values to ``variables`` (in place); returns their new values.
 
-
-# -- gradient lists ---------------------------------------------------------------------------------------
-
-def reduce_gradients(grads: Sequence[Any], *, op: ReduceOp = Average, compression: Any = Compression.none,
-                     prescale_factor: float = 1.0, postscale_factor: float = 1.0,
-                     sparse_as_dense: bool = False, process_set: ProcessSet | None = None,
-                     name: str = _GRAD_NAME, skip_at_size_one: bool = True,
-                     fused: FusedAllreduce | None = None) -> list[Any]:
-    """Reduce a step's gradients across ranks in ONE exchange, keeping order, dtypes and static shapes.
-
-    Dense tensors go through one fused allreduce per dtype into aligned buffers that TF adopts without a
-    copy (see ``horo.plugins.fused``). ``tf.IndexedSlices``
-    (embedding gradients) are densified when ``sparse_as_dense``, else their values and indices are
-    allgathered (values divided by the set size for Average), all inside the same exchange. ``None``
-    entries stay ``None``.
-
-    Args:
-        grads: gradients (tensors, IndexedSlices or None).
-        op: ``horo.Average``, ``horo.Sum`` or ``horo.Adasum`` (coefficients per gradient; IndexedSlices are
-            densified for it, as Adasum combines whole vectors).
-        compression: ``Compression.none`` / ``fp16`` / ``bf16`` or a Compressor for tf tensors.
-        prescale_factor: multiply before reducing.
-        postscale_factor: multiply after reducing (after the Average division).
-        sparse_as_dense: densify IndexedSlices before the exchange.
-        process_set: the ranks to reduce over.
-        name: name of the exchange (shown in mismatch errors and in the graph).
-        skip_at_size_one: return the gradients untouched on a set of one rank (no exchange at all).
-        fused: reusable fusion buffers (pass the same one on every step); a new one when None.
+    Eagerly the variables are assigned at once; in a graph, evaluating a returned value assigns them.
     """
     tf = import_tf()
-    if op not in (Average, Sum, Adasum):
-        raise ValueError(f"Gradients can be averaged, summed or Adasum-combined only. Received: op={op!r}. "
-                         "HINT: use horo.Average, horo.Sum or horo.Adasum.")
-    sparse_as_dense = sparse_as_dense or op is Adasum
-    size = set_size(process_set, name)
-    if skip_at_size_one and size == 1:
-        return list(grads)
-    dense_idx, sparse_idx, half_idx = [], [], []
-    inputs, dtypes, shapes, ctxs, half_wires, half_ctxs = [], [], [], [], [], []
-    grads = list(grads)
-    for i, g in enumerate(grads):
-        if g is None:
-            continue
-        if isinstance(g, tf.IndexedSlices):
-            if sparse_as_dense:
-                grads[i] = g = tf.convert_to_tensor(g)
-            else:
-                sparse_idx.append(i)
-                continue
-        np_dtype(g.dtype, f"grads[{i}]")
-        wire, ctx = compress(g, compression)
-        if _tf_reducible(wire, g.shape, compression, op):
-            half_idx.append(i)
-            half_wires.append(wire)
-            half_ctxs.append(ctx)
-            continue
-        dense_idx.append(i)
-        inputs.append(wire)
-        dtypes.append(wire.dtype)
-        shapes.append(g.shape)
-        ctxs.append(ctx)
-    for i in sparse_idx:
-        g = grads[i]
-        np_dtype(g.values.dtype, f"grads[{i}].values")
-        inputs += [g.values, g.indices]
-        dtypes += [g.values.dtype, g.indices.dtype]
-        shapes += [tf.TensorShape([None]).concatenate(g.values.shape[1:]), tf.TensorShape([None])]
-    result = list(grads)
-    if half_idx:  # summed in float32 by TF; numpy only moves their bytes (see _reduce_16bit)
-        outs16 = _reduce_16bit(half_wires, [grads[i].shape for i in half_idx], op, prescale_factor,
-                               postscale_factor, process_set, name)
-        for i, out, ctx in zip(half_idx, outs16, half_ctxs):
-            result[i] = decompress(out, ctx, compression)
-    if not inputs:
-        return result
-    nd = len(dense_idx)
-    fuse = fused if fused is not None else FusedAllreduce()
-
-    def exchange(*arrays: np.ndarray) -> list[np.ndarray]:
-        outs = fuse(arrays[:nd], op, prescale_factor, postscale_factor, process_set, name) if nd else []
-        for k in range(len(sparse_idx)):
-            values, indices = arrays[nd + 2 * k], arrays[nd + 2 * k + 1]
-            if prescale_factor != 1.0:
-                values = values * values.dtype.type(prescale_factor)
-            values = core.allgather(values, name=f"{name}.sparse{k}.values", process_set=process_set)
-            indices = core.allgather(indices, name=f"{name}.sparse{k}.indices", process_set=process_set)
-            scale = postscale_factor / size if op is Average else postscale_factor
-            if scale != 1.0:
-                values = values * values.dtype.type(scale)
-            outs += [values, indices]
-        return outs
-
-    outs = run(exchange, inputs, dtypes, shapes, name)
-    for k, i in enumerate(dense_idx):
-        result[i] = decompress(outs[k], ctxs[k], compression)
-    for k, i in enumerate(sparse_idx):
-        result[i] = tf.IndexedSlices(outs[nd + 2 * k], outs[nd + 2 * k + 1], grads[i].dense_shape)
-    return result
-
-
-def _tf_reducible(wire: Any, shape: Any, compression: Any, op: ReduceOp) -> bool:
-    """Whether ``_reduce_16bit`` takes this dense wire: 16-bit compression, Sum/Average, a static shape."""
-    kind = getattr(compression, "wire_dtype", None)
-    return (kind in WIRE_DTYPES and op in (Average, Sum) and wire.dtype.name == kind
-            and shape.is_fully_defined())
-
-
-def _reduce_16bit(wires: Sequence[Any], shapes: Sequence[Any], op: ReduceOp, prescale_factor: float,
-                  postscale_factor: float, process_set: ProcessSet | None, name: str) -> list[Any]:
-    """Reduce 16-bit tensors: numpy moves their bytes, TF sums each rank's share (see ``HalfExchange``)."""
-    tf = import_tf()
-    dtype = wires[0].dtype
-    ex = HalfExchange([tuple(s.as_list()) for s in shapes], np_dtype(dtype, "gradients"), op,
-                      prescale_factor, postscale_factor, process_set, name)
-    received = run(lambda *xs: [ex.scatter(xs)], wires, [dtype], [tf.TensorShape([ex.size * ex.share])],
-                    f"{name}.scatter")[0]
-    parts = tf.reshape(received, [ex.size, ex.share])
-    share = ex.reduce(parts, TensorFlowMath(dtype))
-    outs = run(ex.gather, [share], [dtype] * len(wires), [tf.TensorShape([n]) for n in ex.counts], f"{name}.gather")
-    return [tf.reshape(o, shape) for o, shape in zip(outs, shapes)]
-
-
-def broadcast_variables(variables: Sequence[Any], root_rank: int, process_set: ProcessSet | None = None,
-                        name: str = "horo.broadcast_variables") -> None:
-    """Assign ``root_rank``'s values to ``variables`` (tf or Keras variables) in one collective.
-
-    Works eagerly and inside ``tf.function`` (where automatic control dependencies run the assignments).
-    """
-    tf = import_tf()
-    variables = list(variables)
+    if not isinstance(variables, (list, tuple)):
+        raise TypeError(f"broadcast_ takes a list of variables. Received: variables of type "
+                        f"{type(variables).__name__}. HINT: pass [v1, v2, ...].")
     if not variables:
-        return None
-    values = [tf.convert_to_tensor(v) for v in variables]
-    for i, v in enumerate(values):
-        np_dtype(v.dtype, f"variables[{i}]")
-    outs = run(lambda *xs: broadcast_arrays(list(xs), root_rank, name, process_set), values,
-                [v.dtype for v in values], [v.shape for v in values], name)
-    for v, o in zip(variables, outs):
-        v.assign(o)
+        return []
+    for i, v in enumerate(variables):
+        if not hasattr(v, "assign"):
+            raise TypeError(f"broadcast_ assigns variables in place. Received: variables[{i}] of type "
+                            f"{type(v).__name__}. HINT: use broadcast() for tensors.")
+    values = broadcast_op([_tensor(v.value() if hasattr(v, "value") else v, "horo.tensorflow.broadcast_",
+                                   f"variables[{i}]") for i, v in enumerate(variables)], root_rank, name, process_set)
+    if tf.executing_eagerly():
+        for v, x in zip(variables, values):
+            v.assign(x)
+        return [tf.convert_to_tensor(v) for v in variables]
+    return [tf.compat.v1.assign(v, x) if not hasattr(v, "handle") else v.assign(x, read_value=True)
+            for v, x in zip(variables, values)]
+
+
+@tf_op
+def alltoall(tensor: Any, splits: Any = None, name: str | None = None, ignore_name_scope: bool = False,
+             process_set: ProcessSet = global_process_set) -> Any:
+    """Send ``splits[r]`` rows of ``tensor`` to rank r (without ``splits``: dim 0 split evenly).
+
+    Returns:
+        The received rows; with ``splits``, ``(received rows, received splits as int32)`` as in Horovod.
+    """
+    t = _tensor(tensor, "horo.tensorflow.alltoall", need_dim=True)
+    out, recv = alltoall_op(t, splits, name, process_set)
+    return out if splits is None else (out, recv)
+
+
+@tf_op
+def reducescatter(tensor: Any, device_dense: str = "", compression: Any = Compression.none, op: Any = Average,
+                  name: str | None = None, process_set: ProcessSet = global_process_set,
+                  ignore_name_scope: bool = False, prescale_factor: float = 1.0,
+                  postscale_factor: float = 1.0) -> Any:
+    """Reduce (``Average`` or ``Sum``) over the ranks, then return this rank's rows of dim 0 (the first
+    ``dim0 % size`` ranks get one row more)."""
+    return grouped_reducescatter([tensor], device_dense, compression, op, process_set, ignore_name_scope, name,
+                                 prescale_factor, postscale_factor)[0]
+
+
+@tf_op
+def grouped_reducescatter(tensors: Sequence[Any], device_dense: str = "", compression: Any = Compression.none,
+                          op: Any = Average, process_set: ProcessSet = global_process_set,
+                          ignore_name_scope: bool = False, name: str | None = None, prescale_factor: float = 1.0,
+                          postscale_factor: float = 1.0) -> list[Any]:
+    """:func:`reducescatter` of each tensor, in one op."""
+    if not isinstance(tensors, (list, tuple)):
+        raise TypeError(f"grouped_reducescatter takes a list of tensors. Received: tensors of type "
+                        f"{type(tensors).__name__}. HINT: pass [t1, t2, ...].")
+    if not tensors:
+        return []
+    rop = resolve_op(op)
+    ts = [_tensor(t, "horo.tensorflow.reducescatter", f"tensors[{i}]", True) for i, t in enumerate(tensors)]
+    wires, ctxs = zip(*[compress(t, compression) for t in ts])
+    out = reducescatter_op(list(wires), rop, prescale_factor, postscale_factor, name, process_set)
+    return [decompress(o, c, compression) for o, c in zip(out, ctxs)]

@@ -23,7 +23,7 @@ from ..elastic import (
     run,
 )
 from ..plugins.packing import model_variables
-from .collectives import broadcast_variables
+from .grad_exchange import broadcast_variables
 
 __all__ = ["TensorFlowState", "TensorFlowKerasState", "run", "State", "ObjectState", "HostsUpdatedInterrupt",
            "HoroInternalError", "HorovodInternalError", "ElasticError", "reset_count"]

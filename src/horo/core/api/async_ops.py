@@ -13,7 +13,7 @@ import numpy as np
 
 from ..base.ops import Average
 from ..scheduling.negotiation import Signature
-from ..scheduling.request import Request, auto_name, poll, submit, synchronize
+from ..scheduling.request import Request, auto_name, on_done, poll, submit, synchronize
 from ..scheduling.signatures import (
     allgather_sig,
     allreduce_sig,
@@ -39,7 +39,7 @@ from .process_sets import ProcessSet
 __all__ = [
     "allreduce_async", "allreduce_async_", "grouped_allreduce_async", "grouped_allreduce_async_",
     "allgather_async", "broadcast_async", "broadcast_async_", "alltoall_async", "reducescatter_async",
-    "poll", "synchronize",
+    "on_done", "poll", "synchronize",
 ]
 
 

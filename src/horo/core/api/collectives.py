@@ -19,6 +19,7 @@ from ..base.fault import guard
 from ..base.ops import Average
 from ..scheduling.joined import zeros as joined_zeros
 from ..scheduling.negotiation import JOIN, agree, agree_reduce, exchange, format_mismatch, joinable
+from ..scheduling.request import reset_auto_names
 from ..scheduling.signatures import (
     allgather_sig,
     allreduce_sig,
@@ -234,6 +235,7 @@ def join() -> int:
             engine_join.join()
             if outcome and isinstance(outcome[0], BaseException):
                 raise outcome[0]
+            reset_auto_names()  # every rank is here: unnamed ops are numbered alike again
             return ps.ranks[_last_joined(payloads, ps.engine.joined_rounds)]
         active = [s for s in sigs if s != JOIN]
         if any(dict(s).get("collective") == "shutdown" for s in active):

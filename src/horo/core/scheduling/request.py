@@ -9,7 +9,9 @@ engine thread is parked (``Engine.help``).
 from __future__ import annotations
 
 import itertools
+import logging
 import threading
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -19,7 +21,8 @@ from ..base.timeline import timeline
 from ..transport.prepared import Allreduce, Prepared
 from .negotiation import Signature
 
-__all__ = ["AUTO", "Request", "auto_name", "get", "poll", "submit", "synchronize"]
+__all__ = ["AUTO", "Request", "auto_name", "get", "on_done", "poll", "reset_auto_names", "submit",
+           "synchronize"]
 
 AUTO = ".noname."  # in the names of unnamed ops, which are never cached
 
@@ -64,8 +67,8 @@ class _Done:
 class Request:
     """One submitted collective: a prepared operation, under the name and signature the ranks agree on."""
 
-    __slots__ = ("batch_key", "done", "engine", "error", "fuse_key", "handle", "name", "prepared", "result",
-                 "send", "sig", "t_submit")
+    __slots__ = ("batch_key", "callback", "done", "engine", "error", "fuse_key", "handle", "name", "prepared",
+                 "result", "send", "sig", "t_submit")
 
     def __init__(self, name: str, sig: Signature, prepared: Prepared) -> None:
         self.name, self.sig, self.prepared = name, sig, prepared
@@ -81,10 +84,13 @@ class Request:
         self.t_submit = timeline.now_us()
         self.handle = 0
         self.engine: Any = None  # the Engine it was submitted to
+        self.callback: Callable[[Any, BaseException | None], None] | None = None  # see on_done
 
     def finish(self, result: Any = None, error: BaseException | None = None) -> None:
         self.result, self.error = result, error
         self.done.set()
+        if self.callback is not None:  # stored by on_done under _DONE_LOCK while the flag was clear
+            _call_back(self.callback, result, error)
 
 
 _handles: dict[int, Request] = {}
@@ -98,6 +104,13 @@ def auto_name(kind: str) -> str:
     with _handles_lock:
         counter = _auto_ids.setdefault(kind, itertools.count())
         return f"{kind}{AUTO}{next(counter)}"
+
+
+def reset_auto_names() -> None:
+    """Number unnamed ops afresh. Every rank calls it at the same point (the end of ``join``): ranks that
+    joined early submitted fewer unnamed ops, and their counters would otherwise name the next ones apart."""
+    with _handles_lock:
+        _auto_ids.clear()
 
 
 def submit(engine: Any, req: Request) -> int:
@@ -142,6 +155,31 @@ def synchronize(handle: int) -> Any:
     if req.error is not None:
         raise req.error
     return req.result
+
+
+def on_done(handle: int, callback: Callable[[Any, BaseException | None], None]) -> None:
+    """Consume ``handle``: ``callback(result, error)`` runs once its op has finished (at once if it has).
+
+    It runs on the thread that finished the op (the engine's, or a caller's running a round), so it must be
+    short and must not block or call horo. It replaces ``synchronize`` for a caller that cannot wait, such as
+    a TensorFlow kernel that completes asynchronously.
+    """
+    req = get(handle)
+    with _handles_lock:
+        _handles.pop(handle, None)
+    with _DONE_LOCK:
+        if not req.done.flag:
+            req.callback = callback
+            return
+    _call_back(callback, req.result, req.error)
+
+
+def _call_back(callback: Callable[[Any, BaseException | None], None], result: Any,
+               error: BaseException | None) -> None:
+    try:
+        callback(result, error)
+    except Exception:  # an engine thread must survive a caller's callback
+        logging.getLogger("horo").exception("horo: a completion callback raised")
 
 
 def _block(req: Request, eng: Any) -> None:

@@ -7,7 +7,7 @@ from typing import Any
 
 from ...plugins.fused import FusedAllreduce
 from ...plugins.grad_settings import Settings
-from ...tensorflow.collectives import reduce_gradients
+from ...tensorflow.grad_exchange import reduce_gradients
 from ...tensorflow.tensors import import_tf
 
 __all__ = ["exchange", "LocalAggregator", "GRAD_NAME"]

@@ -1,5 +1,12 @@
 """Keras on torch: the train step runs eagerly, so gradients go to the core as zero-copy numpy views (CPU), or
-as they are (CUDA), which routes them to the core's GPU path."""
+as they are (CUDA), which routes them to the core's GPU path.
+
+CUDA gradients that are the variables' own ``.grad`` (Keras's ``train_step``) travel in ``horo.torch``'s
+gradient buckets: a few prepared allreduces in device buffers instead of one call per gradient. Host
+gradients keep the single fused exchange into aligned host buffers: on CPU the buckets' copy back into
+``.grad`` costs a pass over the gradients that the fused exchange does not make (docs/keras.md, "Gradient
+buckets on the torch backend").
+"""
 
 from __future__ import annotations
 
@@ -10,16 +17,23 @@ import numpy as np
 import torch
 
 from ... import core
+from ...core.base.config import config
 from ...core.base.ops import Adasum
 from ...plugins.fused import FusedAllreduce
 from ...plugins.grad_settings import Settings
 from ...plugins.half_exchange import WIRE_DTYPES, HalfExchange
+from ...torch.buckets import Buckets
 from ...torch.compression import Compression
 from ...torch.tensors import TorchMath, to_host, to_tensor
 
-__all__ = ["exchange", "LocalAggregator", "GRAD_NAME"]
+__all__ = ["BUCKETS_ON_HOST", "GRAD_NAME", "LocalAggregator", "TAKES_VARIABLES", "exchange"]
 
 GRAD_NAME = "horo.keras.gradients"
+
+#: ``exchange`` takes the gradients' variables (the optimizer passes them).
+TAKES_VARIABLES = True
+#: Where host (CPU) gradients go through the buckets too (tests compare the two paths on CPU).
+BUCKETS_ON_HOST = False
 
 
 def _on_device_of(a: np.ndarray, like: Any) -> Any:
@@ -43,10 +57,17 @@ def check_not_compiled() -> None:
         )
 
 
-def exchange(grads: Sequence[Any], settings: Settings, fused: FusedAllreduce) -> list[Any]:
-    """Reduce a step's gradients across the ranks in one fused exchange (order and dtypes kept)."""
+def exchange(grads: Sequence[Any], settings: Settings, fused: FusedAllreduce,
+             variables: Sequence[Any] | None = None) -> list[Any]:
+    """Reduce a step's gradients across the ranks in one fused exchange, or in gradient buckets (order and dtypes
+    kept); ``variables``: the Keras variables the gradients belong to, when the caller knows them."""
     check_not_compiled()
     grads = list(grads)
+    buckets = _buckets(grads, variables, settings, fused)
+    if buckets is not None:
+        buckets.flush()  # every bucket starts now: Keras hands over the gradients after backward
+        buckets.wait()  # the averaged results are written back into each variable's .grad, i.e. into grads
+        return grads
     idx = [i for i, g in enumerate(grads) if g is not None]
     if not idx:
         return grads
@@ -73,6 +94,31 @@ def exchange(grads: Sequence[Any], settings: Settings, fused: FusedAllreduce) ->
     for k, i in enumerate(idx):
         grads[i] = compressor.decompress(outs[k], ctxs[k])
     return grads
+
+
+def _buckets(grads: list[Any], variables: Sequence[Any] | None, settings: Settings,
+             fused: FusedAllreduce) -> Buckets | None:
+    """The buckets for this gradient list, or None where the fused exchange serves (see the module docstring)."""
+    if variables is None or settings.op is Adasum or not grads or any(g is None for g in grads):
+        return None
+    if not (BUCKETS_ON_HOST or all(g.is_cuda for g in grads)):
+        return None
+    params = [getattr(v, "value", None) for v in variables]
+    # Buckets read and write each parameter's .grad: only where the gradients are those very tensors.
+    if len(params) != len(grads) or any(not isinstance(p, torch.Tensor) or p.grad is not g or g.is_sparse
+                                        for p, g in zip(params, grads)):
+        return None
+    key = ("buckets", tuple(id(p) for p in params))
+    b = fused.layouts.get(key)
+    cap = config.int("HORO_BUCKET_BYTES")
+    if b is None and cap > 0:
+        names = {p: f"{GRAD_NAME}.{i}" for i, p in enumerate(params)}
+        b = fused.layouts[key] = Buckets(params, names, op=settings.op, pre=settings.prescale_factor,
+                                         post=settings.postscale_factor,
+                                         compression=_torch_compressor(settings.compression),
+                                         process_set=settings.process_set,
+                                         first_cap=config.int("HORO_FIRST_BUCKET_BYTES"), cap=cap, what=GRAD_NAME)
+    return b
 
 
 def _reduce_16bit(wires: Sequence[Any], settings: Settings, fused: FusedAllreduce) -> list[Any]:

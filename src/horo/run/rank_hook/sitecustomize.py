@@ -105,9 +105,26 @@ def _line_buffer_output() -> None:
             stream.reconfigure(line_buffering=True, write_through=False)
 
 
+def _name_elastic_host() -> None:
+    """In an elastic job, name this worker's logical host as Horovod does (``HOROVOD_HOSTNAME``, also
+    ``HORO_HOSTNAME``): the host hororun's driver placed it on, as the discovery script or ``-H`` names it.
+    Workers spawned later get it from the workers that spawn them."""
+    env = os.environ
+    name = env.get("HORO_HOSTNAME")
+    if not name and env.get("HORO_ELASTIC_ASSIGN"):
+        hosts = env["HORO_ELASTIC_ASSIGN"].split(",")
+        rank = env.get("OMPI_COMM_WORLD_RANK") or env.get("PMIX_RANK") or ""
+        if rank.isdigit() and int(rank) < len(hosts):
+            name = env["HORO_HOSTNAME"] = hosts[int(rank)]
+    if name and not env.get("HOROVOD_HOSTNAME"):
+        env["HOROVOD_HOSTNAME"] = name
+
+
 def install() -> None:
-    """Wrap ``sys.excepthook``, ``sys.exit``, ``exit`` and ``quit``; line-buffer stdout and stderr."""
+    """Wrap ``sys.excepthook``, ``sys.exit``, ``exit`` and ``quit``; line-buffer stdout and stderr; name an
+    elastic worker's host."""
     _line_buffer_output()
+    _name_elastic_host()
     orig_hook = sys.excepthook
     orig_exit = sys.exit
 

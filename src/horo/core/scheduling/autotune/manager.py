@@ -5,7 +5,8 @@ has taken effect on every rank. Scoring follows Horovod: a *sample* ends when so
 for the ``steps_per_sample + 1``-th time; its score is the bytes the engine allreduced during the sample
 per microsecond. The first ``warmup_samples`` samples after every change are discarded (fresh fusion
 buffers are allocated and faulted in; Horovod discards warm-up samples only once, at the start); a trial
-scores the median of the next 5.
+scores the median of the next 5. The search ends with the winner measured against the defaults in turn
+(``search.decide``); the frozen setting is the one that check kept, and the log's last row says which and why.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ __all__ = ["LOG_COLUMNS", "Manager", "SAMPLES_PER_TRIAL"]
 SAMPLES_PER_TRIAL = 5
 #: Horovod's columns, then horo's own knob and what the row is.
 LOG_COLUMNS = ("hierarchical_allreduce", "hierarchical_allgather", "cache_enabled", "cycle_time_ms",
-               "tensor_fusion_threshold", "score", "chunk_bytes", "trial", "phase")
+               "tensor_fusion_threshold", "score", "chunk_bytes", "trial", "phase", "note")
 
 
 class Manager:
@@ -46,7 +47,8 @@ class Manager:
         self.options = options
         self.fixed = dict(fixed)
         self.job = dict(job)
-        self.search = Search(start_knobs(base, options.start, fixed), fixed, options.max_samples, options.noise)
+        self.search = Search(start_knobs(base, options.start, fixed), fixed, options.max_samples, options.noise,
+                             defaults=start_knobs(base, {}, fixed))
         self.current = self.search.first()
         self.seq = 1  # bumped for every new setting; the engine applies a setting when the number changes
         self.done = False
@@ -131,6 +133,8 @@ class Manager:
             return
         score = statistics.median(self._samples)
         knobs, phase = self.current, self.search.phase
+        if phase == "final":
+            phase = "final-defaults" if knobs == self.search.defaults else "final-winner"
         self._row(knobs, score, phase, samples=list(self._samples))
         if timeline.active:
             timeline.span("autotune", f"TRIAL {len(self.trials)}", self._t_trial_us, timeline.now_us(),
@@ -138,8 +142,12 @@ class Manager:
             timeline.flush()
         nxt = self.search.tell(knobs, score)
         if nxt is None:
-            best, best_score = self.search.best
-            self._finish(best, best_score, "best")
+            chosen, chosen_score = self.search.chosen
+            decision = self.search.decision
+            if decision is None:
+                self._finish(chosen, chosen_score, "best")
+            else:
+                self._finish(chosen, chosen_score, f"kept-{decision.kept}", note=decision.describe())
             return
         self.current = nxt
         self.seq += 1
@@ -158,12 +166,12 @@ class Manager:
         self._finish(knobs, float(entry.get("score", 0.0)), "cached", store=False)
         return True
 
-    def _finish(self, knobs: Knobs, score: float, phase: str, store: bool = True) -> None:
+    def _finish(self, knobs: Knobs, score: float, phase: str, store: bool = True, note: str = "") -> None:
         """Freeze ``knobs``: the engine broadcasts them once more and stops tuning."""
         self.current = knobs
         self.seq += 1
         self.done = True
-        self._row(knobs, score, phase)
+        self._row(knobs, score, phase, note=note)
         if self._log is not None:
             self._log.close()
             self._log = None
@@ -173,12 +181,13 @@ class Manager:
                 "world_size": self.job.get("world_size"), "hosts": list(self.job.get("hosts", ())),
                 "mpi": self.job.get("mpi")})
 
-    def _row(self, knobs: Knobs, score: float, phase: str, samples: list[float] | None = None) -> None:
-        self.trials.append({"knobs": knobs, "score": score, "phase": phase, "samples": samples or []})
+    def _row(self, knobs: Knobs, score: float, phase: str, samples: list[float] | None = None,
+             note: str = "") -> None:
+        self.trials.append({"knobs": knobs, "score": score, "phase": phase, "samples": samples or [], "note": note})
         if self._log is None:
             return
         csv.writer(self._log).writerow([
             int(knobs.hierarchical_allreduce), int(knobs.hierarchical_allgather), int(knobs.cache_enabled),
             f"{knobs.cycle_time_ms:g}", knobs.fusion_threshold, f"{score:.6g}", knobs.chunk_bytes, len(self.trials),
-            phase])
+            phase, note])
         self._log.flush()

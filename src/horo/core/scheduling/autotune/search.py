@@ -13,6 +13,12 @@ Then, beyond Horovod, a run-off: the ``FINALISTS`` best-rated settings are measu
 ``CONFIRM_ROUNDS`` times (A B C A B C), and the one with the best mean of those back-to-back scores is
 kept. On this shared 2-core machine a trial's score swings by 10-30 %, so the search's own ranking of
 settings within that band is a coin toss; the run-off compares them under the same conditions.
+
+Last, the final check: the run-off's winner and the defaults (the configured setting) are measured in turn,
+``FINAL_ROUNDS`` pairs with the order alternating (D W, W D, D W), and the winner is kept only when it beat
+the defaults in every pair and by at least ``FINAL_MARGIN`` in the median pair; otherwise the defaults are
+kept. A tuned job is then never slower than an untuned one beyond the noise (docs/autotune.md, "The final
+check"). :class:`Decision` records the comparison.
 """
 
 from __future__ import annotations
@@ -25,12 +31,16 @@ from typing import Any
 import numpy as np
 
 from .settings import CATEGORICAL, Knobs
+from .verdict import FINAL_MARGIN, Decision, decide
 
-__all__ = ["EXTRA_HINT", "Search", "load_gp", "to_unit", "from_unit", "CONTINUOUS"]
+__all__ = ["CONTINUOUS", "Decision", "EXTRA_HINT", "FINAL_MARGIN", "FINAL_ROUNDS", "Search", "decide", "from_unit",
+           "load_gp", "to_unit"]
 
 EXTRA_HINT = "pip install 'horo[autotune]'"
 FINALISTS = 3
 CONFIRM_ROUNDS = 2
+FINAL_ROUNDS = 3  # pairs of (defaults, winner) trials in the final check
+
 
 #: continuous knob -> (log2 of the low end, log2 of the high end) of its search range.
 CONTINUOUS: dict[str, tuple[float, float]] = {
@@ -88,10 +98,16 @@ class Search:
         max_samples: trials of the continuous search (fixed points included).
         noise: the Gaussian process's noise level (``alpha``) on standardised scores, as in Horovod.
         seed: for the random candidates (only rank 0 searches, so this is for reproducible runs).
+        defaults: the setting a job without autotune runs (None: no final check against it).
     """
 
     def __init__(self, start: Knobs, fixed: Mapping[str, float], max_samples: int, noise: float,
-                 seed: int = 0) -> None:
+                 seed: int = 0, defaults: Knobs | None = None) -> None:
+        self.defaults = defaults
+        self.decision: Decision | None = None
+        self._final: list[Knobs] | None = None  # the final check's trials still to run
+        self._final_scores: dict[Knobs, list[float]] = {}
+        self._winner: Knobs | None = None
         self.dims = [k for k in CONTINUOUS if k not in fixed]
         self.max_samples = max_samples
         self.noise = max(noise, 1e-6)
@@ -119,6 +135,16 @@ class Search:
         if self._confirmed:
             return max(((k, sum(v) / len(v)) for k, v in self._confirmed.items()), key=lambda kv: kv[1])
         return self._rated()
+
+    @property
+    def chosen(self) -> tuple[Knobs, float]:
+        """The setting to freeze: the winner, unless the final check kept the defaults (then those)."""
+        if self.decision is None or self._winner is None:
+            return self.best
+        knobs = self._winner if self.decision.kept == "tuned" else self.defaults
+        assert knobs is not None
+        scores = self._final_scores.get(knobs) or [self.best[1]]
+        return knobs, sum(scores) / len(scores)
 
     def _ratings(self) -> dict[Knobs, float]:
         """Every tried setting's rating (see :meth:`_rated`)."""
@@ -157,12 +183,19 @@ class Search:
 
     def tell(self, knobs: Knobs, score: float) -> Knobs | None:
         """Record the score of ``knobs``; return the next setting to try, or None when the search is over."""
+        if self.phase == "final":
+            self._final_scores.setdefault(knobs, []).append(score)
+            if self._final:
+                return self._final.pop(0)
+            assert self._winner is not None and self.defaults is not None
+            self.decision = decide(self._final_scores[self._winner], self._final_scores[self.defaults])
+            self.phase = "done"
+            return None
         if self.phase == "confirm":
             self._confirmed.setdefault(knobs, []).append(score)
             if self._runoff:
                 return self._runoff.pop(0)
-            self.phase = "done"
-            return None
+            return self._begin_final()
         self.history.append((knobs, score))
         n = len(self.history)
         continuous_done = n >= len(self.points) and (not self.dims or n >= self.max_samples)
@@ -182,11 +215,23 @@ class Search:
         ranked = sorted(self._ratings().items(), key=lambda kv: kv[1], reverse=True)
         finalists = [k for k, _ in ranked[:FINALISTS]]
         if len(finalists) < 2 or self._runoff is not None:
-            self.phase = "done"
-            return None
+            return self._begin_final()
         self.phase = "confirm"
         self._runoff = finalists * CONFIRM_ROUNDS
         return self._runoff.pop(0)
+
+    def _begin_final(self) -> Knobs | None:
+        """After the run-off: the winner against the defaults, interleaved (see the module docstring)."""
+        self._winner = winner = self.best[0]
+        if self.defaults is None or winner == self.defaults:
+            if self.defaults is not None:
+                self.decision = Decision("defaults", (), FINAL_MARGIN)
+            self.phase = "done"
+            return None
+        self.phase = "final"
+        d = self.defaults
+        self._final = [k for r in range(FINAL_ROUNDS) for k in ((d, winner) if r % 2 == 0 else (winner, d))]
+        return self._final.pop(0)
 
     @staticmethod
     def _on_off(k: Knobs) -> tuple[bool, ...]:
