@@ -13,7 +13,7 @@ MPICH_VENV  ?= .venv-mpich
 MPICH_STAMP := $(MPICH_VENV)/.horo-installed
 export OMP_NUM_THREADS ?= 1
 
-.PHONY: install test test-slow test-all test-core test-mpich demo bench lint docs dist clean
+.PHONY: install test test-slurm test-slow test-all test-core test-mpich demo bench lint docs dist clean
 
 $(STAMP): pyproject.toml $(CONSTRAINTS)
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -32,15 +32,20 @@ $(MPICH_STAMP): pyproject.toml $(CONSTRAINTS)
 
 install: $(STAMP)
 
-# The suite on the embedded Open MPI (all but the `slow` cases), then the core collective suite on MPICH.
+# The suite on the embedded Open MPI (all but the `slow` and `slurm` cases), then the core collective suite on MPICH.
 test: $(STAMP) test-mpich
-	$(PY) -m pytest -q -p no:cacheprovider -m "not slow" --durations=25 tests
+	$(PY) -m pytest -q -p no:cacheprovider -m "not slow and not slurm" --durations=25 tests
+
+# tests/slurm: a real SLURM cluster on the test bed (root, Debian's slurmctld/slurmd/munge, which .ci/run
+# installs; skipped with the reason where they are missing). ~6 min here; its slow cases run in test-slow.
+test-slurm: $(STAMP)
+	$(PY) -m pytest -q -p no:cacheprovider -m "slurm and not slow" --durations=10 tests/slurm
 
 # The cases that take minutes each: the wheel installed into a fresh venv, Adasum's suite at 5 and 6 ranks.
 test-slow: $(STAMP)
 	$(PY) -m pytest -q -p no:cacheprovider -m slow --durations=10 tests
 
-test-all: test test-slow
+test-all: test test-slurm test-slow
 
 # The suite runs up to 3 ranks on 2 cores: let MPICH yield the core instead of busy-polling.
 test-mpich: export MPIR_CVAR_ENABLE_HEAVY_YIELD ?= 1

@@ -3,6 +3,8 @@
 Run either way (both give 2 ranks):
     hororun -np 2 python examples/lightning_fit.py
     python examples/lightning_fit.py --devices 2     # HoroStrategy starts the ranks itself
+In a SLURM allocation of 2 nodes x 2 tasks: `hororun -np 4 python examples/lightning_fit.py`, `srun --mpi=pmix
+python examples/lightning_fit.py`, or `python examples/lightning_fit.py --devices 2 --num-nodes 2`.
 
 The data are generated offline (one noisy Gaussian blob per class). Each rank trains on its shard (Lightning adds
 a DistributedSampler), gradients are averaged by horo while backward runs, only rank 0 prints and saves
@@ -13,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import socket
 import tempfile
 
 import pytorch_lightning as pl
@@ -66,7 +69,9 @@ class Classifier(pl.LightningModule):
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--devices", type=int, default=2, help="ranks to start when run outside MPI")
+    parser.add_argument("--devices", type=int, default=2, help="ranks per node to start when run outside MPI")
+    parser.add_argument("--num-nodes", type=int, default=1,
+                        help="nodes to start them on when run outside MPI (inside a SLURM allocation)")
     parser.add_argument("--epochs", type=int, default=2)
     parser.add_argument("--batch-size", type=int, default=16, help="per rank")
     parser.add_argument("--accelerator", default="cpu", choices=["cpu", "gpu"], help="gpu: one CUDA GPU per rank")
@@ -82,7 +87,8 @@ def main() -> None:
         return DataLoader(ds, batch_size=args.batch_size, shuffle=shuffle)
 
     trainer = pl.Trainer(
-        strategy="horo", accelerator=args.accelerator, devices=args.devices, precision=args.precision,
+        strategy="horo", accelerator=args.accelerator, devices=args.devices, num_nodes=args.num_nodes,
+        precision=args.precision,
         max_epochs=args.epochs, default_root_dir=args.root_dir, logger=False, enable_model_summary=False,
         callbacks=[ModelCheckpoint(dirpath=os.path.join(args.root_dir, "checkpoints"), monitor="val_loss",
                                    enable_version_counter=False),
@@ -93,7 +99,8 @@ def main() -> None:
     result = trainer.test(model, loader(test, False), verbose=False)[0]
 
     checksum = sum(p.double().sum().item() for p in model.parameters())
-    print(f"rank {trainer.global_rank}/{trainer.world_size}: weights checksum {checksum:.6f}", flush=True)
+    print(f"rank {trainer.global_rank}/{trainer.world_size}: weights checksum {checksum:.6f} on {socket.gethostname()}",
+          flush=True)
     if trainer.is_global_zero:
         ckpt = trainer.checkpoint_callback.best_model_path
         print(f"test_acc={result['test_acc']:.3f} test_loss={result['test_loss']:.3f} best checkpoint: {ckpt}")

@@ -11,5 +11,5 @@ __all__ = ["launcher_rank", "started_by_mpi"]
 
 
 def started_by_mpi() -> bool:
-    """True in a process started by mpiexec / hororun / srun with PMI (or by a horo self-launch)."""
+    """True in a process started by mpiexec / hororun / srun (or by a horo self-launch)."""
     return started_by_launcher() or "HORO_SELF_LAUNCHED" in os.environ

@@ -107,8 +107,9 @@ def test_global_process_set(hvd, world, rank):
 
 
 def _clean_env() -> dict[str, str]:
-    """The environment without the process manager's variables, so a child starts as an MPI singleton."""
-    prefixes = ("PMI_", "PMIX_", "HYDI_", "HYDRA_", "OMPI_", "MPI_LOCAL")
+    """The environment without the process manager's variables, so a child starts as an MPI singleton (SLURM's
+    too: under srun, a process with a step's variables and no PMI server is refused as a stray singleton)."""
+    prefixes = ("PMI_", "PMIX_", "HYDI_", "HYDRA_", "OMPI_", "MPI_LOCAL", "SLURM_")
     return {k: v for k, v in os.environ.items() if not k.startswith(prefixes)}
 
 

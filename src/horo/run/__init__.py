@@ -33,6 +33,7 @@ from horo.run.hosts import (
 )
 from horo.run.launch import first_rank_exit, run_job
 from horo.run.mpiexec import OPENMPI, LaunchPlan, MpiexecError, build_command, detect_flavor, find_mpiexec
+from horo.run.slurm import allocation as slurm_allocation
 
 __all__ = ["RANK_HOOK_DIR", "main"]
 
@@ -67,10 +68,12 @@ def _rank_env(base: dict[str, str], timeline: str | None, np_: int | None = None
 
 
 # Not forwarded to other hosts: what belongs to the host or the shell, the launcher's own variables (mpiexec
-# sets them per host), and anything that looks like a credential (Horovod forwards those too; we do not).
+# sets them per host; SLURM's say which node and task they run on, and srun gives each host its own), and
+# anything that looks like a credential (Horovod forwards those too; we do not).
 _NOT_EXPORTED = re.compile(
     r"^(BASH_FUNC_.*|OLDPWD|PWD|SHLVL|_|HOSTNAME|HOME|USER|LOGNAME|SHELL|TERM|DISPLAY|MAIL|TMPDIR|SSH_.*|"
-    r"XDG_.*|OMPI_.*|PRTE_.*|PMIX_.*|OPAL_.*|HYDRA_.*|HORORUN_.*|.*SECRET.*|.*TOKEN.*|.*PASSWORD.*|.*_KEY)$",
+    r"XDG_.*|OMPI_.*|PRTE_.*|PMIX_.*|OPAL_.*|HYDRA_.*|SLURM_.*|SLURMD_.*|HORORUN_.*|.*SECRET.*|.*TOKEN.*|"
+    r".*PASSWORD.*|.*_KEY)$",
     re.IGNORECASE,
 )
 
@@ -117,8 +120,12 @@ def main(argv: list[str] | None = None) -> int:
             file_hosts = parse_hostfile(text, source=ns.hostfile)
         else:
             file_hosts = None
+        # Inside a SLURM allocation, no host list means the allocation's (docs/cluster.md).
+        alloc = None if hosts or file_hosts or ns.discovery else slurm_allocation()
     except (MpiexecError, HostParseError) as exc:
         return _usage_error(str(exc))
+    if alloc and ns.elastic:
+        ns.hosts = ",".join(f"{s.host}:{s.slots}" for s in alloc)
 
     ssh_command = ns.ssh_command or os.environ.get("HORO_SSH") or None
     if ssh_command is not None:
@@ -141,14 +148,14 @@ def main(argv: list[str] | None = None) -> int:
     genv: dict[str, str] = {}
     if "HORO_TIMELINE" in extra:
         genv["HORO_TIMELINE"] = extra["HORO_TIMELINE"]
-    if flavor == OPENMPI or any_remote(hosts or file_hosts) or ssh_command:
+    if flavor == OPENMPI or any_remote(hosts or file_hosts or alloc) or ssh_command:
         # Local ranks inherit mpiexec's environment; ranks on other hosts get only what is named here
         # (Open MPI forwards nothing by default). Horovod's names go as they are: each rank resolves them,
         # so a HORO_/HOROVOD_ conflict is warned about once, by rank 0.
         genv.update({k: v for k, v in env.items() if k.startswith("HORO_") or horo_name(k)})
         genv.update({k: env[k] for k in QUIET_ENV if k in extra})
         genv["PYTHONPATH"] = env["PYTHONPATH"]
-    if flavor == OPENMPI and (any_remote(hosts or file_hosts) or ssh_command):
+    if flavor == OPENMPI and (any_remote(hosts or file_hosts or alloc) or ssh_command):
         # As horovodrun does, the ranks on other hosts get the user's environment (KERAS_BACKEND, PATH,
         # OMP_NUM_THREADS, ...): Open MPI's ssh start gives them a bare login environment. Hydra forwards
         # everything by itself.
@@ -164,10 +171,12 @@ def main(argv: list[str] | None = None) -> int:
             hostfile = os.path.join(tmp, "hostfile")
             render = to_openmpi_hostfile if flavor == OPENMPI else to_hydra_hostfile
             Path(hostfile).write_text(render(file_hosts))
-        plan = LaunchPlan(mpiexec=mpiexec, np=ns.np, command=ns.command, flavor=flavor, hosts=hosts,
-                          hostfile=hostfile, genv=genv, tag_output=ns.tag_output, ssh_command=ssh_command,
-                          interfaces=ns.network_interface or [],
-                          oversubscribe=_needs_oversubscribe(ns.np, hosts or file_hosts))
+        # Open MPI reads the allocation itself (ras/slurm) and starts its daemons with srun (plm/slurm);
+        # hydra is given the hosts.
+        plan = LaunchPlan(mpiexec=mpiexec, np=ns.np, command=ns.command, flavor=flavor,
+                          hosts=hosts or (alloc if flavor != OPENMPI else None), hostfile=hostfile, genv=genv,
+                          tag_output=ns.tag_output, ssh_command=ssh_command, interfaces=ns.network_interface or [],
+                          oversubscribe=_needs_oversubscribe(ns.np, hosts or file_hosts or alloc))
         try:
             cmd = build_command(plan)
         except MpiexecError as exc:

@@ -105,7 +105,8 @@ def openmpi_remote_args(ssh_command: str | None, interfaces: Sequence[str]) -> l
     """Open MPI's options for the remote-start program and the network interfaces (fixed and elastic jobs)."""
     args: list[str] = []
     if ssh_command:
-        args += ["--prtemca", "plm_ssh_agent", ssh_command]
+        # plm ssh by name: inside a SLURM allocation Open MPI would otherwise start its daemons with srun.
+        args += ["--prtemca", "plm", "ssh", "--prtemca", "plm_ssh_agent", ssh_command]
     if interfaces:
         # Both layers: MPI's data (btl) and the daemons' control channel (oob), or either may pick an
         # address another host cannot reach and the job hangs at start.

@@ -12,6 +12,7 @@ from lightning_fabric.strategies import STRATEGY_REGISTRY as _fabric_registry
 from pytorch_lightning.strategies import StrategyRegistry as _registry
 from pytorch_lightning.utilities.rank_zero import rank_zero_only as _rank_zero_only
 
+from .environment import HoroEnvironment
 from .fabric import HoroFabricStrategy
 from .launch import launcher_rank as _launcher_rank
 from .strategy import HoroStrategy
@@ -26,4 +27,4 @@ if HoroFabricStrategy.strategy_name not in _fabric_registry:
 if (_rank := _launcher_rank()) is not None:
     _rank_zero_only.rank = _rank
 
-__all__ = ["HoroFabricStrategy", "HoroStrategy"]
+__all__ = ["HoroEnvironment", "HoroFabricStrategy", "HoroStrategy"]

@@ -30,6 +30,7 @@ from ..torch.compression import Compression, Compressor
 from ..torch.exchange import GradientExchange, reduce_op
 from ..torch.functions import allgather, allreduce
 from ..torch.state import broadcast_parameters
+from .environment import HoroEnvironment
 from .launch import relaunch, started_by_mpi
 from .strategy import _check_world, _horo_op
 
@@ -94,8 +95,10 @@ class HoroFabricStrategy(ParallelStrategy):
         overlap: bool = True,
         op: Any = Average,
     ) -> None:
+        # horo's world, not the one Fabric would guess from SLURM's variables (see HoroEnvironment).
         super().__init__(accelerator=accelerator, parallel_devices=parallel_devices,
-                         cluster_environment=cluster_environment, checkpoint_io=checkpoint_io, precision=precision)
+                         cluster_environment=cluster_environment or HoroEnvironment(), checkpoint_io=checkpoint_io,
+                         precision=precision)
         self._op = reduce_op(op, gradient_predivide_factor, "HoroFabricStrategy")[0]
         self._compression = compression
         self._predivide = gradient_predivide_factor

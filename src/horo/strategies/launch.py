@@ -10,10 +10,35 @@ import sys
 from typing import NoReturn
 
 from horo.run.mpiexec import MpiexecError, local_command
+from horo.run.slurm import allocation
 
 from .._launcher import launcher_rank, started_by_mpi
 
-__all__ = ["launcher_rank", "relaunch", "relaunch_command", "started_by_mpi"]
+__all__ = ["check_nodes", "launcher_rank", "relaunch", "relaunch_command", "started_by_mpi"]
+
+
+def check_nodes(num_nodes: int, devices: int) -> None:
+    """Refuse a self-launch over ``num_nodes`` > 1 that horo cannot place: outside a SLURM allocation, or on
+    one with fewer nodes or fewer tasks per node than asked for.
+
+    Raises:
+        ValueError: the message names the values and what to run instead.
+    """
+    if num_nodes <= 1:
+        return
+    alloc = allocation()
+    hint = (f"HINT: run the script inside sbatch/salloc -N {num_nodes} --ntasks-per-node={devices}, or start the "
+            f"ranks yourself: hororun -np {num_nodes * devices} -H host1:{devices},host2:{devices},... "
+            "python train.py.")
+    if not alloc:
+        raise ValueError(f"Trainer(strategy='horo', num_nodes={num_nodes}) outside MPI starts its ranks itself, but "
+                         f"on one machine only: no SLURM allocation names other nodes. Received: num_nodes="
+                         f"{num_nodes}. {hint}")
+    short = [f"{s.host}:{s.slots}" for s in alloc[:num_nodes] if (s.slots or 1) < devices]
+    if len(alloc) < num_nodes or short:
+        raise ValueError(f"the SLURM allocation ({','.join(f'{s.host}:{s.slots}' for s in alloc)}) has no room for "
+                         f"{num_nodes} nodes x {devices} devices. Received: num_nodes={num_nodes}, devices={devices}. "
+                         f"{hint}")
 
 
 def relaunch_command(nprocs: int) -> list[str]:

@@ -31,7 +31,8 @@ from ..torch.exchange import GradientExchange, reduce_op
 from ..torch.functions import allgather, allreduce
 from ..torch.optimizer import _DistributedOptimizer
 from ..torch.state import broadcast_parameters
-from .launch import relaunch, started_by_mpi
+from .environment import HoroEnvironment
+from .launch import check_nodes, relaunch, started_by_mpi
 from .layer_sync import horo_layer_sync
 
 __all__ = ["HoroStrategy"]
@@ -62,8 +63,9 @@ def _check_world(group: Any, what: str) -> None:
 class HoroStrategy(ParallelStrategy):
     """Data-parallel training on the ranks of an MPI job, with gradients averaged by horo.
 
-    The world is the MPI job: start it with ``hororun -np N python train.py`` (or ``mpiexec``). Outside MPI,
-    ``Trainer(strategy="horo", devices=N)`` with N > 1 re-runs the script on N ranks itself. Gradients are
+    The world is the MPI job: start it with ``hororun -np N python train.py`` (or ``mpiexec``, or ``srun
+    --mpi=pmix``). Outside MPI, ``Trainer(strategy="horo", devices=N, num_nodes=M)`` with N x M > 1 re-runs the
+    script on N x M ranks itself (M > 1 inside a SLURM allocation, whose nodes it runs on). Gradients are
     averaged while backward runs (one async, fused allreduce per parameter), so gradient clipping and the
     optimizer see averaged gradients; with ``accumulate_grad_batches`` only the last micro-batch exchanges.
 
@@ -93,9 +95,11 @@ class HoroStrategy(ParallelStrategy):
         overlap: bool = True,
         op: Any = Average,
     ) -> None:
+        # horo's world, not the one Lightning would guess from SLURM's variables (see HoroEnvironment).
         super().__init__(accelerator=accelerator, parallel_devices=parallel_devices,
-                         cluster_environment=cluster_environment, checkpoint_io=checkpoint_io,
+                         cluster_environment=cluster_environment or HoroEnvironment(), checkpoint_io=checkpoint_io,
                          precision_plugin=precision_plugin)
+        self.num_nodes = 1  # Trainer(num_nodes=...) sets it: a self-launch starts devices x num_nodes ranks
         self._op = reduce_op(op, gradient_predivide_factor, "HoroStrategy")[0]
         self._compression = compression
         self._predivide = gradient_predivide_factor
@@ -157,12 +161,17 @@ class HoroStrategy(ParallelStrategy):
     @override
     def _configure_launcher(self) -> None:
         requested = len(self.parallel_devices or ())
-        if not core.is_initialized() and not started_by_mpi() and requested > 1:
-            relaunch(requested)  # does not return: this process waits for the ranks and exits with them
+        if not core.is_initialized() and not started_by_mpi() and requested * self.num_nodes > 1:
+            check_nodes(self.num_nodes, requested)
+            # In a SLURM allocation hororun runs the ranks on its nodes (docs/cluster.md).
+            relaunch(requested * self.num_nodes)  # does not return: waits for the ranks, exits with them
         self._init_horo()
         if started_by_mpi() and requested > 1 and requested != core.local_size():
             rank_zero_warn(f"HoroStrategy: devices={requested} is ignored: the MPI job has {core.size()} ranks "
                            f"({core.local_size()} on this node) and each rank uses one device.")
+        if started_by_mpi() and self.num_nodes > 1 and self.num_nodes != core.cross_size():
+            rank_zero_warn(f"HoroStrategy: num_nodes={self.num_nodes} is ignored: the MPI job's ranks are on "
+                           f"{core.cross_size()} node(s).")
         if self.parallel_devices and self.parallel_devices[0].type == "cpu":
             self.parallel_devices = [torch.device("cpu")] * core.local_size()
         self._launcher = None  # the ranks exist already: MPI started them

@@ -1,8 +1,8 @@
 """An emulated cluster in Linux network namespaces, for multi-host tests and benchmarks (needs root).
 
-``python -m horo.testbed up --hosts 3 --slots 2 [--rate 1gbit]``, ``exec HOST CMD...``, ``ssh-agent``,
+``python -m horo.testbed up --hosts 3 --slots 2 [--rate 1gbit] [--slurm]``, ``exec HOST CMD...``, ``ssh-agent``,
 ``down``; see :mod:`horo.testbed.bed` for the layout (``control`` acts on a running bed) and docs/multihost.md
-for how to use it.
+for how to use it, and :mod:`horo.testbed.slurm` (docs/cluster.md) for the SLURM cluster ``--slurm`` starts on it.
 """
 
 from __future__ import annotations

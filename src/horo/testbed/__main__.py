@@ -1,4 +1,4 @@
-"""``python -m horo.testbed up|down|status|exec|kill|link``: drive the emulated cluster from a shell."""
+"""``python -m horo.testbed up [--slurm]|down|status|exec|kill|link``: drive the emulated cluster from a shell."""
 
 from __future__ import annotations
 
@@ -6,8 +6,10 @@ import argparse
 import os
 import sys
 
-from .bed import HEAD, TestbedError, down, load, up
+from .bed import HEAD, Bed, TestbedError, down, load, up
 from .control import exec_argv, host_pids, kill_host, link_bytes, set_link
+from .slurm import down as slurm_down
+from .slurm import start as slurm_start
 
 __all__ = ["main"]
 
@@ -26,6 +28,8 @@ def _parser() -> argparse.ArgumentParser:
     u.add_argument("--rate", help="shape every host link with tbf, e.g. 1gbit or 10gbit")
     u.add_argument("--delay", help="one-way delay, e.g. 50us (needs the netem qdisc)")
     u.add_argument("--prefix", default="node", help="host name prefix (default: node)")
+    u.add_argument("--slurm", action="store_true",
+                   help="also start munge, slurmctld on the head and a slurmd per host (see horo.testbed.slurm)")
     sub.add_parser("down", help="remove everything the bed made", parents=[named])
     sub.add_parser("status", help="print the hosts, their link counters and processes", parents=[named])
     e = sub.add_parser("exec", help="run a command on a host (head: the login node, for hororun)",
@@ -40,6 +44,16 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+def _start_slurm(bed: Bed) -> None:
+    try:
+        slurm = slurm_start(bed)
+    except BaseException:
+        down(bed.name)
+        raise
+    print(f"SLURM up: munged on every host, slurmctld on {HEAD}, slurmd on {', '.join(slurm.nodes)} "
+          f"({slurm.cpus} CPUs each), partition 'bed'")
+
+
 def main(argv: list[str] | None = None) -> int:
     ns = _parser().parse_args(argv)
     if getattr(ns, "sub_name", None):
@@ -47,12 +61,18 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if ns.cmd == "up":
             bed = up(ns.hosts, ns.slots, ns.rate, ns.delay, name=ns.name, prefix=ns.prefix)
+            if ns.slurm:
+                _start_slurm(bed)
             print(f"bed {bed.name!r} up: {', '.join(f'{h.name}={h.addr}' for h in bed.hosts)}, "
                   f"{HEAD}={bed.head.addr if bed.head else '?'}; rate {bed.rate or 'unshaped'}")
             print(f"run a job: python -m horo.testbed exec {HEAD} hororun --ssh-command {bed.agent} "
                   f"--network-interface eth0 -np {len(bed.hosts) * bed.slots} -H {bed.hosts_arg()} python x.py")
+            if ns.slurm:
+                print(f"or through SLURM: python -m horo.testbed exec {HEAD} sbatch -N {len(bed.hosts)} "
+                      f"-n {len(bed.hosts) * bed.slots} job.sh   (job.sh runs: hororun -np "
+                      f"{len(bed.hosts) * bed.slots} python x.py)")
         elif ns.cmd == "down":
-            for item in down(ns.name):
+            for item in slurm_down(ns.name):  # stops SLURM first when it runs on the bed
                 print(f"removed {item}")
         elif ns.cmd == "status":
             bed = load(ns.name)

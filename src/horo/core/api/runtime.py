@@ -11,7 +11,7 @@ import traceback
 from collections.abc import Sequence
 from typing import Any
 
-from ..base.config import config, share
+from ..base.config import check_srun_world, config, share
 from ..base.errors import HoroInternalError
 from ..base.fault import horo_comms
 from ..base.state import require_init, state
@@ -50,6 +50,7 @@ def init(comm: Any = None, process_sets: Sequence[ProcessSet] | None = None) -> 
 
     if comm is None:
         base = MPI.COMM_WORLD
+        check_srun_world(base.Get_size())  # srun without PMIx: a world of singletons (docs/cluster.md)
         parent = MPI.Comm.Get_parent()
         if parent != MPI.COMM_NULL:
             # Spawned by an elastic world that grows (horo.elastic): join it; its ranks come first.

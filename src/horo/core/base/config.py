@@ -17,8 +17,9 @@ import sys
 from collections.abc import Mapping, MutableMapping
 from typing import Any
 
-__all__ = ["ALIASED", "ALIAS_PREFIX", "LAUNCHER_RANK_VARS", "LAUNCHER_VARS", "Config", "apply_aliases", "config",
-           "horo_name", "launcher_rank", "launcher_rank0", "read_env", "resolve_aliases", "share",
+__all__ = ["ALIASED", "ALIAS_PREFIX", "LAUNCHER_RANK_VARS", "LAUNCHER_SIZE_VARS", "LAUNCHER_VARS",
+           "SLURM_INTERACTIVE_NAMES", "Config", "apply_aliases", "check_srun_world", "config", "horo_name",
+           "launcher_rank", "launcher_rank0", "read_env", "resolve_aliases", "share", "srun_task",
            "started_by_launcher"]
 
 ALIAS_PREFIX = "HOROVOD_"
@@ -27,9 +28,12 @@ ALIAS_PREFIX = "HOROVOD_"
 #: ``HORO_HIERARCHICAL_ALLGATHER``, ...) get their Horovod name without touching this module.
 ALIASED: tuple[str, ...] = ("FUSION_THRESHOLD", "CYCLE_TIME", "CACHE_CAPACITY", "TIMELINE", "STALL_",
                             "HIERARCHICAL_", "AUTOTUNE")
-#: The one list of the variables by which launchers tell each process its rank, read in this order: Open MPI,
-#: MPICH and Intel MPI (hydra), PMIx, MVAPICH, SLURM's srun.
-LAUNCHER_RANK_VARS = ("OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK", "MV2_COMM_WORLD_RANK", "SLURM_PROCID")
+#: The one list of the variables by which MPI launchers tell each process its rank, read in this order: Open
+#: MPI, MPICH and Intel MPI (hydra), PMIx, MVAPICH. SLURM's ``SLURM_PROCID`` counts only where srun started the
+#: process as one of its tasks (:func:`srun_task`): ranks of mpiexec in an allocation inherit their daemon's.
+LAUNCHER_RANK_VARS = ("OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK", "MV2_COMM_WORLD_RANK")
+#: Their world size variables (PMIx has none: ``PMIX_RANK`` alone is set).
+LAUNCHER_SIZE_VARS = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "MV2_COMM_WORLD_SIZE")
 #: Variables every rank of an MPI launcher has (SLURM's are not among them: an sbatch script has them too).
 LAUNCHER_VARS = ("OMPI_COMM_WORLD_SIZE", "PMI_RANK", "PMI_SIZE", "PMIX_RANK", "MV2_COMM_WORLD_SIZE", "MPI_LOCALRANKID")
 _warned: set[str] = set()
@@ -55,7 +59,8 @@ def launcher_rank(environ: Mapping[str, str] | None = None) -> int | None:
         value = environ.get(var, "")
         if value.isdigit():
             return int(value)
-    return None
+    task = srun_task(environ)
+    return task[0] if task else None
 
 
 def launcher_rank0(environ: Mapping[str, str] | None = None) -> bool:
@@ -68,9 +73,75 @@ def launcher_rank0(environ: Mapping[str, str] | None = None) -> bool:
 
 
 def started_by_launcher(environ: Mapping[str, str] | None = None) -> bool:
-    """Whether an MPI launcher (mpiexec, hororun, srun with PMI/PMIx) started this process."""
+    """Whether an MPI launcher (mpiexec, hororun, srun) started this process.
+
+    srun counts when it started several tasks (as Lightning's SLURMEnvironment, not in a job named ``bash``
+    or ``interactive``), even without a PMI server, so that ``horo.init()`` says what to run instead of each
+    task starting ranks of its own. One task of srun (``srun --pty bash``, then ``python train.py``) may
+    start its ranks itself.
+    """
     environ = os.environ if environ is None else environ
-    return any(var in environ for var in LAUNCHER_VARS)
+    if any(var in environ for var in LAUNCHER_VARS):
+        return True
+    task = srun_task(environ)
+    return task is not None and task[1] > 1
+
+
+# ---------------------------------------------------------------------------------------- SLURM's srun
+#: Lightning's SLURMEnvironment convention, kept here: in a job named ``bash`` or ``interactive`` the user
+#: starts the processes himself, so SLURM's task variables do not describe them.
+SLURM_INTERACTIVE_NAMES = ("bash", "interactive")
+# An MPI launcher's rank and size variables (above) are, under `srun --mpi=pmix` (or pmi2), srun's task and task
+# count; under mpiexec/hororun in an allocation they are not: the ranks there inherit the SLURM variables of the
+# srun step that started their Open MPI daemon (or of the batch script, on the first node).
+
+
+def _first(environ: Mapping[str, str], names: tuple[str, ...]) -> str | None:
+    return next((environ[n] for n in names if n in environ), None)
+
+
+def srun_task(environ: Mapping[str, str] | None = None) -> tuple[int, int] | None:
+    """``(task, tasks)`` when ``srun`` started this process as a task of a step of ``tasks`` tasks.
+
+    None in a batch script (no step), in an interactive job (see :data:`SLURM_INTERACTIVE_NAMES`), and in a
+    rank of another launcher (Open MPI's mpiexec, hydra) whose daemon srun started.
+    """
+    environ = os.environ if environ is None else environ
+    if environ.get("SLURM_JOB_NAME") in SLURM_INTERACTIVE_NAMES or "SLURM_STEP_ID" not in environ:
+        return None
+    task = environ.get("SLURM_PROCID", "")
+    tasks = environ.get("SLURM_STEP_NUM_TASKS") or environ.get("SLURM_NTASKS", "")
+    if not (task.isdigit() and tasks.isdigit()) or "OMPI_COMM_WORLD_SIZE" in environ:
+        return None
+    rank, size = _first(environ, LAUNCHER_RANK_VARS), _first(environ, LAUNCHER_SIZE_VARS)
+    if (rank is not None and rank != task) or (size is not None and size != tasks):
+        return None
+    return int(task), int(tasks)
+
+
+def check_srun_world(size: int, environ: Mapping[str, str] | None = None) -> None:
+    """Raise where srun started this process as one of N tasks but MPI made a world of ``size`` != N.
+
+    That is what plain ``srun`` does to an MPI that needs a PMI server it did not start (Open MPI 5 needs
+    PMIx): every task is a singleton, and would train alone on the whole data set. Every task raises, before
+    any communication. Where srun did give a PMI server (``PMIX_RANK``/``PMI_RANK`` set) the world is the one
+    it describes, and a smaller one belongs to a process a task started (inheriting the task's variables),
+    which may well mean to run alone.
+
+    Raises:
+        RuntimeError: the world does not match the step; the message says what to run instead.
+    """
+    environ = os.environ if environ is None else environ
+    found = srun_task(environ)
+    if found is None or found[1] == size or _first(environ, LAUNCHER_RANK_VARS) is not None:
+        return
+    task, tasks = found
+    raise RuntimeError(
+        f"horo.init(): this process is task {task} of an srun step of {tasks} tasks, but MPI started it in a "
+        f"world of {size}: srun started the tasks without a PMI server this MPI can use, so each would train "
+        f"alone. HINT: srun --mpi=pmix -n {tasks} ... (Open MPI 5 needs PMIx; `srun --mpi=list` shows what "
+        f"the site has), or inside the allocation (sbatch/salloc): hororun -np {tasks} python train.py."
+    )
 
 
 def resolve_aliases(environ: Mapping[str, str] | None = None) -> dict[str, str]:
