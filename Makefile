@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.horo-installed
-EXTRAS ?= tensorflow-cpu,lightning,jax,flax,plot,test,autotune
+EXTRAS ?= tensorflow-cpu,lightning,jax,flax,plot,test,autotune,docs
 # Development pins (torch 2.13.0 CPU, ...): pyproject.toml states ranges; this file fixes what we test with.
 CONSTRAINTS ?= constraints.txt
 PIP_INSTALL = -m pip install --disable-pip-version-check -q -c $(CONSTRAINTS)
@@ -13,7 +13,7 @@ MPICH_VENV  ?= .venv-mpich
 MPICH_STAMP := $(MPICH_VENV)/.horo-installed
 export OMP_NUM_THREADS ?= 1
 
-.PHONY: install test test-slurm test-slow test-all test-core test-mpich demo bench lint dist clean
+.PHONY: install test test-slurm test-slow test-all test-core test-mpich demo bench lint docs dist clean
 
 $(STAMP): pyproject.toml $(CONSTRAINTS)
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -52,6 +52,8 @@ test-mpich: export MPIR_CVAR_ENABLE_HEAVY_YIELD ?= 1
 test-mpich: $(MPICH_STAMP)
 	$(MPICH_VENV)/bin/python -m pytest -q -p no:cacheprovider tests/test_mpi_suites.py
 
+# Every example in examples/ (tests/test_docs.py checks that each one runs here or in a test); the elastic ones
+# with the launch lines of their docstrings.
 demo: $(STAMP)
 	$(VENV)/bin/hororun -np $(NP) $(PY) examples/collectives_demo.py
 	$(VENV)/bin/hororun -np $(NP) $(PY) examples/keras_fit.py
@@ -59,9 +61,20 @@ demo: $(STAMP)
 	$(VENV)/bin/hororun -np $(NP) $(PY) examples/flax_train.py --verify
 	$(VENV)/bin/hororun -np $(NP) $(PY) examples/lightning_fit.py
 	$(VENV)/bin/hororun -np $(NP) $(PY) examples/fabric_train.py
+	$(VENV)/bin/hororun -np 3 --min-np 2 --max-np 3 $(PY) examples/elastic_keras.py --epochs 2 --samples 1024
+	d=$$(mktemp -d) && cd $$d && printf '%s\n' localhost:2 127.0.0.1:1 > hosts.txt \
+		&& printf '%s\n' '#!/bin/sh' 'cat hosts.txt' > discover.sh && chmod +x discover.sh \
+		&& $(CURDIR)/$(VENV)/bin/hororun -np 3 --min-np 2 --max-np 3 --host-discovery-script ./discover.sh \
+		$(CURDIR)/$(PY) $(CURDIR)/examples/elastic_torch.py --epochs 1 --samples 600 --artifacts-dir artifacts; \
+		rc=$$?; rm -rf $$d; exit $$rc
 
 bench: $(STAMP)
 	$(VENV)/bin/hororun -np 2 $(PY) -m horo.bench allreduce
+
+# The documentation site in site/ (mkdocs.yml): strict, so a broken link, a missing page or a docstring the
+# API reference cannot read fails the build.
+docs: $(STAMP)
+	$(PY) -m mkdocs build --strict --site-dir site
 
 # sdist + wheel in dist/ (tests/test_packaging.py installs the wheel into a fresh venv and runs it).
 dist: $(STAMP)
@@ -72,4 +85,4 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check src tests examples tools
 
 clean:
-	rm -rf $(VENV) $(MPICH_VENV) build dist *.egg-info src/*.egg-info .pytest_cache
+	rm -rf $(VENV) $(MPICH_VENV) build dist site *.egg-info src/*.egg-info .pytest_cache

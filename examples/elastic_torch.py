@@ -1,15 +1,15 @@
-"""Seed 004's elastic PyTorch MNIST script with ``import horo.torch as hvd``, on generated MNIST-shaped data.
+r"""Horovod's elastic PyTorch MNIST script with ``import horo.torch as hvd``, on generated MNIST-shaped data.
 
-Differences from the seed, all forced by this offline machine: the data are generated (no torchvision, no
-download), the TensorBoard writer is used only when tensorboard is installed, and the artifacts go to
-``$OCI__SYNC_DIR`` or a temporary folder. Everything Horovod-specific is the seed's, unchanged.
+Differences from Horovod's script: the data are generated (no torchvision, no download), the TensorBoard writer
+is used only when tensorboard is installed, and checkpoints and logs go to ``--artifacts-dir`` (default: a
+folder in the system's temporary directory). Everything Horovod-specific is unchanged.
 
-Run (elastic: survives killed workers, takes in hosts the discovery script adds):
-    printf 'localhost:2\\n127.0.0.1:1\\n' > hosts.txt; printf '#!/bin/sh\\ncat hosts.txt\\n' > discover.sh
-    chmod +x discover.sh
+Run (elastic: survives killed workers, and takes in the hosts the discovery script adds):
+
+    printf '%s\n' localhost:2 127.0.0.1:1 > hosts.txt
+    printf '%s\n' '#!/bin/sh' 'cat hosts.txt' > discover.sh && chmod +x discover.sh
     hororun -np 3 --min-np 2 --max-np 3 --host-discovery-script ./discover.sh python examples/elastic_torch.py
 """
-
 import argparse
 import os
 import tempfile
@@ -50,6 +50,8 @@ parser.add_argument('--use-adasum', action='store_true', default=False,
                     help='use adasum algorithm to do reduction')
 parser.add_argument('--samples', type=int, default=6000, help='generated training samples')
 parser.add_argument('--step-sleep', type=float, default=0.0, help='seconds to sleep per step (demos)')
+parser.add_argument('--artifacts-dir', default=os.path.join(tempfile.gettempdir(), 'horo-elastic-mnist'),
+                    help='where rank 0 writes checkpoints and logs')
 
 args = parser.parse_args()
 args.cuda = not args.no_cuda and torch.cuda.is_available()
@@ -167,7 +169,7 @@ class Metric:
 def train(state):
     # post synchronization event (worker added, worker removed) init ...
 
-    artifacts_dir = os.environ.get("OCI__SYNC_DIR", tempfile.gettempdir()) + "/artifacts"
+    artifacts_dir = args.artifacts_dir
     chkpts_dir = os.path.join(artifacts_dir, "ckpts")
     logs_dir = os.path.join(artifacts_dir, "logs")
     if hvd.rank() == 0:

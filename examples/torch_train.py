@@ -6,7 +6,8 @@ Run on 2 ranks:
 The recipe: initialise horo; shard the data with a DistributedSampler; scale the learning rate by the
 number of ranks; wrap the optimizer in hvd.DistributedOptimizer (gradients are averaged while backward
 runs); start every rank from rank 0's weights and optimizer state; average metrics; print and save
-checkpoints on rank 0 only. The data are generated offline: 8x8 "images" of 4 noisy stroke patterns.
+checkpoints on rank 0 only. Where torch sees GPUs, each rank takes the one of its local rank
+(``--no-cuda`` keeps it on the CPU). The data are generated offline: 8x8 "images" of 4 noisy stroke patterns.
 """
 
 from __future__ import annotations
@@ -57,9 +58,15 @@ def main() -> None:
     parser.add_argument("--lr", type=float, default=0.02, help="per rank; scaled by the number of ranks")
     parser.add_argument("--fp16-allreduce", action="store_true", help="send gradients as float16")
     parser.add_argument("--checkpoint-dir", default=os.path.join(tempfile.gettempdir(), "horo-torch-train"))
+    parser.add_argument("--no-cuda", action="store_true", help="train on the CPU even where there are GPUs")
     args = parser.parse_args()
 
     hvd.init()
+    device = torch.device("cpu")
+    if torch.cuda.is_available() and not args.no_cuda:
+        # One GPU per rank: the rank's index on its host picks it (hororun starts local_size ranks per host).
+        torch.cuda.set_device(hvd.local_rank() % torch.cuda.device_count())
+        device = torch.device("cuda", torch.cuda.current_device())
     torch.manual_seed(42)
     torch.set_num_threads(1)  # one compute thread per rank: the ranks share the machine's cores
 
@@ -69,7 +76,7 @@ def main() -> None:
     test_sampler = hvd.DistributedSampler(test, shuffle=False)
     test_loader = DataLoader(test, batch_size=256, sampler=test_sampler)
 
-    model = Net()
+    model = Net().to(device)
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr * hvd.size(), momentum=0.9)
     compression = hvd.Compression.fp16 if args.fp16_allreduce else hvd.Compression.none
     optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters(),
@@ -81,6 +88,7 @@ def main() -> None:
         model.train()
         train_sampler.set_epoch(epoch)
         for x, y in train_loader:
+            x, y = x.to(device), y.to(device)
             optimizer.zero_grad()
             loss = F.cross_entropy(model(x), y)
             loss.backward()
@@ -89,6 +97,7 @@ def main() -> None:
         correct, total, loss_sum = 0.0, 0.0, 0.0
         with torch.no_grad():
             for x, y in test_loader:
+                x, y = x.to(device), y.to(device)
                 logits = model(x)
                 loss_sum += F.cross_entropy(logits, y, reduction="sum").item()
                 correct += (logits.argmax(1) == y).sum().item()

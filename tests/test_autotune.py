@@ -43,11 +43,11 @@ TUNE_ENV = {"HORO_AUTOTUNE_STEPS_PER_SAMPLE": "1", "HORO_AUTOTUNE_WARMUP_SAMPLES
 def test_defaults_and_horovod_aliases() -> None:
     o = read_options({})
     assert (o.enabled, o.warmup_samples, o.steps_per_sample, o.max_samples, o.noise) == (False, 3, 10, 20, 0.8)
-    o = read_options({"HOROVOD_AUTOTUNE": "1", "HOROVOD_AUTOTUNE_LOG": "/tmp/x.csv",
+    o = read_options({"HOROVOD_AUTOTUNE": "1", "HOROVOD_AUTOTUNE_LOG": "/data/x.csv",
                       "HOROVOD_AUTOTUNE_WARMUP_SAMPLES": "1", "HOROVOD_AUTOTUNE_STEPS_PER_SAMPLE": "4",
                       "HOROVOD_AUTOTUNE_BAYES_OPT_MAX_SAMPLES": "7", "HOROVOD_AUTOTUNE_GAUSSIAN_PROCESS_NOISE": "0.5"})
     assert (o.enabled, o.log_file, o.warmup_samples, o.steps_per_sample, o.max_samples, o.noise) == (
-        True, "/tmp/x.csv", 1, 4, 7, 0.5)
+        True, "/data/x.csv", 1, 4, 7, 0.5)
     # The horo name wins over the alias.
     assert read_options({"HORO_AUTOTUNE_STEPS_PER_SAMPLE": "3", "HOROVOD_AUTOTUNE_STEPS_PER_SAMPLE": "9"}
                         ).steps_per_sample == 3

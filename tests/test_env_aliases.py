@@ -86,13 +86,13 @@ def test_bad_alias_value_names_the_alias() -> None:
 
 
 def test_apply_aliases_follows_a_changed_alias() -> None:
-    env: dict[str, str] = {"HOROVOD_TIMELINE": "/tmp/a.json"}
-    assert cfg.apply_aliases(env) == {"HORO_TIMELINE": "/tmp/a.json"}
-    assert env["HORO_TIMELINE"] == "/tmp/a.json"
+    env: dict[str, str] = {"HOROVOD_TIMELINE": "/data/a.json"}
+    assert cfg.apply_aliases(env) == {"HORO_TIMELINE": "/data/a.json"}
+    assert env["HORO_TIMELINE"] == "/data/a.json"
     # A user's own HORO_ value is never overwritten.
-    env = {"HOROVOD_TIMELINE": "/tmp/a.json", "HORO_TIMELINE": "/tmp/mine.json"}
+    env = {"HOROVOD_TIMELINE": "/data/a.json", "HORO_TIMELINE": "/data/mine.json"}
     assert cfg.apply_aliases(env) == {}
-    assert env["HORO_TIMELINE"] == "/tmp/mine.json"
+    assert env["HORO_TIMELINE"] == "/data/mine.json"
 
 
 # ------------------------------------------------------------------------------------------- real jobs

@@ -454,9 +454,9 @@ def test_build_command_hydra_and_openmpi() -> None:
                       tag_output=True, as_root=True)
     assert build_command(plan) == ["/x/mpiexec", "-np", "4", "-hosts", "a:2,b:2", "-prepend-rank",
                                    "-genv", "HORO_TIMELINE", "/t.json", "python", "t.py"]
-    plan.flavor, plan.hosts, plan.hostfile = OPENMPI, None, "/tmp/hf"
+    plan.flavor, plan.hosts, plan.hostfile = OPENMPI, None, "/data/hf"
     assert build_command(plan) == ["/x/mpiexec", "-np", "4", "--oversubscribe", "--allow-run-as-root",
-                                   "--hostfile", "/tmp/hf", "--tag-output", "-x", "HORO_TIMELINE=/t.json", "python",
+                                   "--hostfile", "/data/hf", "--tag-output", "-x", "HORO_TIMELINE=/t.json", "python",
                                    "t.py"]
     plan.as_root = False
     assert "--allow-run-as-root" not in build_command(plan)
@@ -478,13 +478,13 @@ def test_remote_hosts_forward_horo_env_and_convert_hostfile(tmp_path: Path) -> N
     hostfile.write_text("remote-node-1 slots=2\nremote-node-2 slots=2\n")
     env = {**os.environ, "HORO_FUSION_THRESHOLD": "1234"}
     out = hororun("-np", "4", "--mpiexec", fake, "--hostfile", str(hostfile), "--timeline-filename",
-                  "/tmp/tl.json", "python", "train.py", env=env)
+                  "/data/tl.json", "python", "train.py", env=env)
     assert out.returncode == 0, out.stderr
     args = [ln[4:] for ln in out.stdout.splitlines()]
     assert args[:2] == ["-np", "4"]
     assert args[2] == "-f"  # the converted copy; it is deleted once the job ends
     pairs = {args[i + 1]: args[i + 2] for i, a in enumerate(args) if a == "-genv"}
-    assert pairs["HORO_TIMELINE"] == "/tmp/tl.json"
+    assert pairs["HORO_TIMELINE"] == "/data/tl.json"
     assert pairs["HORO_FUSION_THRESHOLD"] == "1234"
     assert pairs["PYTHONPATH"].split(os.pathsep)[0].endswith("rank_hook")
     assert args[-2:] == ["python", "train.py"]

@@ -118,7 +118,7 @@ def test_stall_is_reported_not_hung(tmp_path):
     assert "STALL-RAISED" in out, f"rc={rc} after {elapsed:.1f} s:\n{out[-4000:]}"
 
 
-# ---------------------------------------------- a rank leaves while its peers wait on a process set (issue 18)
+# ---------------------------------------------- a rank leaves while its peers wait on a process set
 _STALL_SHUTDOWN_S = 20.0
 
 

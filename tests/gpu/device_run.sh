@@ -29,10 +29,11 @@ if [ "$MODE" = "--cpu" ]; then
     PY=${PYTHON:-.venv/bin/python}
 else
     # A venv that sees the machine's packages (torch, CuPy, ...) through a .pth file, with the wheels on top.
-    PY=/tmp/horo-gpu-venv/bin/python
+    VENV=${HORO_GPU_VENV:-$HOME/.cache/horo-gpu-venv}
+    PY=$VENV/bin/python
     if [ ! -x "$PY" ]; then
         img=$(python3 -c "import site; print(site.getsitepackages()[0])")
-        python3 -m venv /tmp/horo-gpu-venv
+        python3 -m venv "$VENV"
         echo "$img" > "$("$PY" -c 'import site; print(site.getsitepackages()[0])')/zz_image.pth"
         if ls .whl/*.whl >/dev/null 2>&1; then
             "$PY" -m pip install -q --no-index --no-deps --no-compile .whl/*.whl

@@ -149,7 +149,7 @@ def test_process_set_without_this_rank(hvd, world, rank, multi):
     agree(np.testing.assert_array_equal, out, np.full(2, float(world)))
 
 
-# ------------------------------------------------------- Horovod's exception types still catch (issue 18)
+# ------------------------------------------------------- Horovod's exception types still catch
 def test_float_splits_catch_as_horovods_value_error_too(hvd, world):
     """horo's TypeError for float splits is also a ValueError, which Horovod raises there."""
     x = np.ones((world, 2))

@@ -241,7 +241,7 @@ def test_join_returns_last_rank(hvd, world, rank):
 
 def test_join_returns_the_last_joiner_after_async_allreduces(hvd, world, rank, multi):
     """The highest rank joins first; the others then run async allreduces (the joined rank contributes zeros)
-    and join one after another, rank 0 last. Every join() returns 0 (issue 18: it returned the first joiner)."""
+    and join one after another, rank 0 last. Every join() returns 0, the last joiner."""
     hi = world - 1
     got: list = []
     if rank == hi:

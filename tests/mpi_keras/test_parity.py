@@ -1,4 +1,4 @@
-"""Horovod parity of the Keras and TensorFlow facades (issue 18): integer Average truncates toward zero
+"""Horovod parity of the Keras and TensorFlow facades: integer Average truncates toward zero
 (joined ranks included), integer scale factors, and Horovod's exception name."""
 
 from __future__ import annotations

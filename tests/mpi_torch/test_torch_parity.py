@@ -1,4 +1,4 @@
-"""Horovod drop-in parity of horo.torch (issue 18): behaviours Horovod 0.28.1 user code relies on.
+"""Horovod drop-in parity of horo.torch: behaviours Horovod 0.28.1 user code relies on.
 
 Every test runs in every rank; inputs are deterministic, so each rank recomputes the expected values.
 """

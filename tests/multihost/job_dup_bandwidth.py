@@ -5,7 +5,7 @@ Times a 16 MiB in-place ``Allreduce`` on ``COMM_WORLD`` after making one more co
 split, spawn; shrink and shrinkdead need ULFM). ``horo.testbed exec`` sets ``btl_tcp_links=2``.
 On the 1 Gbit/s bed, 2 hosts x 1 rank (2026-11-23): none 141 ms (0.95 of the link), split 141-144 ms;
 dup, dupfree, idup, create and creategroup 275 ms. Hence ``horo.core.transport.comms.duplicate`` (a ``Split``).
-Session 9 (same bed): shrink 276 ms, shrinkdead 259-264 (THEN=split too), spawn 141; THEN=nudge (one
+Later, on the same bed: shrink 276 ms, shrinkdead 259-264 (THEN=split too), spawn 141; THEN=nudge (one
 ``Send`` from rank 0 to 1 before the loop) 257 after none, 141 after split. What decides is whether a pair's
 first exchange is one-sided: then both directions share one TCP connection (docs/multihost.md).
 

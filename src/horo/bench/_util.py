@@ -96,7 +96,7 @@ class Timing:
         A repeat times every variant back to back, so a ratio within it compares them in one machine state.
         On this 2-vCPU VM the state flips every few seconds (raw MPI at 1 MiB: ~105 µs or ~550 µs); the ratio
         of two medians then moves with how many samples of each variant fell in each state, the paired
-        ratio does not (README, "Session 19").
+        ratio does not (docs/benchmarks.md, "How the figures are taken").
         """
         rows = zip(self.samples[name], *(self.samples[b] for b in bases))
         return statistics.median(t / min(base) for t, *base in rows)
@@ -122,7 +122,7 @@ def time_interleaved(comm: Any, variants: dict[str, Callable[[], Any]], iters: i
         min_time: seconds of timed calls per variant to reach, by taking more repeats (up to
             ``max_repeats``), judged from one more warm call of each variant. On this 2-vCPU machine 11
             samples of 3 calls at 1 MiB left two identical variants 0.92-1.08x apart, 151 samples 0.98-1.01x
-            (README, "Session 18").
+            (docs/benchmarks.md, "How the figures are taken").
         max_repeats: the cap on repeats that ``min_time`` may ask for.
     """
     from mpi4py import MPI

@@ -19,7 +19,8 @@ being measured, so separate buffers would time the memory, not the library (docs
 
 Each size takes at least ``--repeats`` samples per variant, and more until each variant has run about
 ``--min-time`` seconds (default 0.25): with 11 samples, two identical raw variants came out 0.92-1.08x
-apart on this machine, more than the 5 % the targets allow (README, "Session 18").
+apart on this machine, more than the 5 % the targets allow
+(docs/benchmarks.md, "How the figures are taken").
 Time is the median (``--stat min``: minimum) over repeats of the slowest rank's mean per call;
 algbw = bytes / time and busbw = algbw * 2(n-1)/n (nccl-tests). ``base/x`` = baseline time / x time (> 1:
 x is faster than raw MPI) and ``+µs`` = x - baseline are paired: the median over repeats of the two
@@ -57,8 +58,8 @@ RATIO_FROM = 1 << 20  # bandwidth target applies from this size up
 SMALL_UP_TO = 64 << 10  # latency target applies up to this size
 RATIO_TARGET = 0.95
 LATENCY_TARGET_US = 30.0
-SYNC_64B_TARGET_US = 15.0  # issue 15: added latency of a 64 B synchronous allreduce
-ASYNC_SMALL_TARGET_US = 50.0  # issue 15: a named async op from 64 B to 16 KiB, whole time
+SYNC_64B_TARGET_US = 15.0  # added latency of a 64 B synchronous allreduce
+ASYNC_SMALL_TARGET_US = 50.0  # a named async op from 64 B to 16 KiB, whole time
 VARIANTS = ("raw", "raw_", "horo", "horo_", "async")
 BASELINE = {"horo": "raw", "horo_": "raw_", "async": "raw_"}
 

@@ -51,7 +51,7 @@ from horo.bench._util import (
 from horo.core.transport.comms import duplicate
 
 ENGINE_TARGET = 1.15
-OUT_OF_PLACE_TARGET = 1.3  # issue 15: fresh results each step, against raw in-place per tensor
+OUT_OF_PLACE_TARGET = 1.3  # fresh results each step, against raw in-place per tensor
 SWEEP_THRESHOLDS = ("0", "256KiB", "1MiB", "2MiB", "4MiB", "8MiB", "16MiB", "64MiB")
 
 

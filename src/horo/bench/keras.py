@@ -26,7 +26,8 @@ same per-rank batch at every size, one compute thread per rank. Reported per var
 Inside each run the variants are interleaved (rotating order) ``--rounds`` times, the median is kept. The
 verdict against bare mpi4py is paired: the median over rounds of bare's step time / horo's in the same round
 (then over runs), so that both come from one machine state. With 2 rounds, five runs of the same code gave
-0.95-1.08x; with 15, six runs gave 1.00-1.04x (README, "Session 19").
+0.95-1.08x; with 15, six runs gave 1.00-1.04x
+(docs/benchmarks.md, "How the figures are taken").
 
 Under a launcher (``hororun -np N python -m horo.bench keras``) it measures this size only.
 """

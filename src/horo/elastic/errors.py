@@ -6,8 +6,8 @@ from ..core.base.errors import HoroError, HoroInternalError
 
 __all__ = ["HostsUpdatedInterrupt", "HoroInternalError", "HorovodInternalError", "ElasticError"]
 
-#: Horovod's name for the same error: a peer failed and the world must be re-formed.
 HorovodInternalError = HoroInternalError
+"""Horovod's name for the same error: a peer failed and the world must be re-formed."""
 
 
 class HostsUpdatedInterrupt(RuntimeError):  # noqa: N818 - Horovod's name

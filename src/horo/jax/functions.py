@@ -186,7 +186,7 @@ def broadcast_parameters(params: Any, root_rank: int = 0, process_set: ProcessSe
     return jax.tree_util.tree_unflatten(treedef, leaves)
 
 
-#: Horovod's name for optimizer state; in JAX it is a pytree like the parameters.
 broadcast_optimizer_state = broadcast_parameters
-#: The same, under the name TF users know.
+"""Horovod's name for broadcasting optimizer state; in JAX it is a pytree like the parameters."""
 broadcast_variables = broadcast_parameters
+"""``broadcast_parameters`` under the name TensorFlow users know."""

@@ -96,8 +96,8 @@ class KerasState(ObjectState):
         self._save_model()
 
 
-#: Horovod's name for the same state (``horovod.tensorflow.keras.elastic.TensorFlowKerasState``).
 TensorFlowKerasState = KerasState
+"""Horovod's name for the same state (``horovod.tensorflow.keras.elastic.TensorFlowKerasState``)."""
 
 
 class CommitStateCallback(keras.callbacks.Callback):

@@ -57,7 +57,9 @@ def allreduce(tensor: Any, average: bool | None = None, device_dense: str = "", 
         compression: ``Compression.none``, ``.fp16`` or ``.bf16`` (cast for the exchange only).
         prescale_factor: multiply before the reduction; postscale_factor: after it.
         name: the op's name (eagerly the engine's; in a graph, the op's, made unique by TensorFlow).
-        device_dense, device_sparse, ignore_name_scope: accepted for Horovod compatibility.
+        device_dense: accepted for Horovod compatibility.
+        device_sparse: accepted for Horovod compatibility.
+        ignore_name_scope: accepted for Horovod compatibility.
     """
     return grouped_allreduce([tensor], average, device_dense, device_sparse, compression, op, prescale_factor,
                              postscale_factor, process_set, ignore_name_scope, name)[0]

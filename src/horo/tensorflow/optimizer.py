@@ -44,8 +44,11 @@ def DistributedOptimizer(optimizer: Any, name: str | None = None, use_locking: b
         gradient_predivide_factor: divide by it before the sum and by size/it after (``op=Average`` only).
         average_aggregated_gradients: divide the locally summed gradients by ``backward_passes_per_step``.
         process_set: the ranks to reduce over.
-        device_dense, device_sparse, num_groups, groups, scale_local_gradients: accepted for Horovod
-            compatibility (all gradients of a step go in one grouped op).
+        device_dense: accepted for Horovod compatibility (all gradients of a step go in one grouped op).
+        device_sparse: as ``device_dense``.
+        num_groups: as ``device_dense``.
+        groups: as ``device_dense``.
+        scale_local_gradients: as ``device_dense``.
     """
     tf = import_tf()
     settings = make_settings(compression, sparse_as_dense, gradient_predivide_factor, op,

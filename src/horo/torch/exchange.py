@@ -82,9 +82,10 @@ class GradientExchange:
             for comparison).
         sparse_as_dense: exchange sparse gradients (e.g. from ``nn.Embedding(sparse=True)``) as dense ones
             (and hand them back sparse); by default they are allgathered as indices and values.
-        bucket_bytes, first_bucket_bytes: bucket sizes (default ``HORO_BUCKET_BYTES`` and
-            ``HORO_FIRST_BUCKET_BYTES``); ``bucket_bytes=0`` exchanges each parameter on its own. Every rank
-            must pass the same values.
+        bucket_bytes: bucket size (default ``HORO_BUCKET_BYTES``); 0 exchanges each parameter on its own.
+            Every rank must pass the same value.
+        first_bucket_bytes: the first bucket's size (default ``HORO_FIRST_BUCKET_BYTES``), the same on every
+            rank.
     """
 
     def __init__(self, named_parameters: Sequence[tuple[str, torch.Tensor]], *, op: Any = Average,

@@ -156,6 +156,7 @@ def _stage_all(tensors: Sequence[torch.Tensor], what: str) -> list[Staged]:
 def grouped_allreduce_async(tensors: Sequence[torch.Tensor], average: bool | None = None, name: str | None = None,
                             op: Any = None, prescale_factor: float = 1.0, postscale_factor: float = 1.0,
                             process_set: ProcessSet | None = None) -> int:
+    """Start one fused allreduce of ``tensors``; ``synchronize(handle)`` gives the list of results."""
     staged = _stage_all(tensors, "horo.torch.grouped_allreduce_async")
     h = core.grouped_allreduce_async([s.array for s in staged], average, name, op, prescale_factor,
                                      postscale_factor, process_set)
@@ -165,6 +166,7 @@ def grouped_allreduce_async(tensors: Sequence[torch.Tensor], average: bool | Non
 def grouped_allreduce_async_(tensors: Sequence[torch.Tensor], average: bool | None = None,
                              name: str | None = None, op: Any = None, prescale_factor: float = 1.0,
                              postscale_factor: float = 1.0, process_set: ProcessSet | None = None) -> int:
+    """Start one fused in-place allreduce of ``tensors``; ``synchronize(handle)`` gives them back."""
     staged = _stage_all(tensors, "horo.torch.grouped_allreduce_async_")
     h = core.grouped_allreduce_async_([s.array for s in staged], average, name, op, prescale_factor,
                                       postscale_factor, process_set)
@@ -174,6 +176,7 @@ def grouped_allreduce_async_(tensors: Sequence[torch.Tensor], average: bool | No
 def grouped_allreduce_(tensors: Sequence[torch.Tensor], average: bool | None = None, name: str | None = None,
                        op: Any = None, prescale_factor: float = 1.0, postscale_factor: float = 1.0,
                        process_set: ProcessSet | None = None) -> list[torch.Tensor]:
+    """Allreduce ``tensors`` in place, as one fused operation; returns them."""
     staged = _stage_all(tensors, "horo.torch.grouped_allreduce_")
     core.grouped_allreduce_([s.array for s in staged], average, name, op, prescale_factor, postscale_factor,
                             process_set)
@@ -182,18 +185,21 @@ def grouped_allreduce_(tensors: Sequence[torch.Tensor], average: bool | None = N
 
 # ----------------------------------------------------------------------------------- data movement
 def allgather_async(tensor: torch.Tensor, name: str | None = None, process_set: ProcessSet | None = None) -> int:
+    """Start ``allgather``; returns a handle for ``poll``/``synchronize``, which gives the gathered tensor."""
     s = stage(tensor, "horo.torch.allgather_async")
     return _track(core.allgather_async(s.array, name, process_set), s.wrap)
 
 
 def broadcast_async(tensor: torch.Tensor, root_rank: int, name: str | None = None,
                     process_set: ProcessSet | None = None) -> int:
+    """Start ``broadcast``; ``synchronize(handle)`` gives the root's tensor as a new tensor."""
     s = stage(tensor, "horo.torch.broadcast_async")
     return _track(core.broadcast_async(s.array, root_rank, name, process_set), s.wrap)
 
 
 def broadcast_async_(tensor: torch.Tensor, root_rank: int, name: str | None = None,
                      process_set: ProcessSet | None = None) -> int:
+    """Start an in-place ``broadcast`` into ``tensor``; ``synchronize(handle)`` gives ``tensor`` back."""
     s = stage(tensor, "horo.torch.broadcast_async_")
     return _track(core.broadcast_async_(s.array, root_rank, name, process_set), lambda _: s.commit())
 
@@ -270,6 +276,7 @@ def sparse_allreduce_async(tensor: torch.Tensor, name: str | None, op: Any,
 
 
 def barrier(process_set: ProcessSet | None = None) -> None:
+    """Wait until every rank of ``process_set`` (default: all) has called ``barrier``."""
     core.barrier(process_set=process_set)
 
 

@@ -146,8 +146,9 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters: Ite
             ``horo.torch.adasum``): optimizer state stays local, do not scale the learning rate by the size,
             ``synchronize()`` is a no-op and ``skip_synchronize()`` raises.
         gradient_predivide_factor: with Average, scale by ``1/f`` before the sum and ``f/size`` after it.
-        num_groups, groups: accepted for Horovod compatibility and not needed: horo's engine fuses the
-            gradients that are ready together on its own.
+        num_groups: accepted for Horovod compatibility and not needed: horo's engine fuses the gradients
+            that are ready together on its own.
+        groups: as ``num_groups``.
         sparse_as_dense: exchange sparse gradients as dense tensors, handed back to the wrapped optimizer
             sparse again; by default sparse gradients are allgathered as indices and values (as in Horovod).
         process_set: the ranks to average over (default: all). A rank outside the set takes purely local

@@ -19,7 +19,9 @@ class DistributedSampler(torch.utils.data.distributed.DistributedSampler):
         dataset: the dataset to shard.
         num_replicas: defaults to the size of ``process_set`` (all ranks).
         rank: defaults to this process's rank in ``process_set``.
-        shuffle, seed, drop_last: as in torch; call ``set_epoch(epoch)`` each epoch when shuffling.
+        shuffle: as in torch; call ``set_epoch(epoch)`` each epoch when shuffling.
+        seed: as in torch.
+        drop_last: as in torch.
         process_set: the ranks that share the dataset (default: all).
     """
 

@@ -6,7 +6,7 @@ average, scale factors and name, each of the same type, and the same registered 
 values, its signature and the signature's hash are reused, and an array that MPI reduces in one call makes it
 directly. Every call still agrees with the other ranks, so mismatched calls raise as before: only
 this rank's own work is skipped. At two ranks the added latency of a 64 B call fell from +20-29 µs to
-+8-13 µs (README, issue 15).
++8-13 µs (docs/design-engine.md, "Repeat calls").
 """
 
 from __future__ import annotations
@@ -60,7 +60,7 @@ def call(inplace: bool, arr: np.ndarray, average: Any, name: Any, op: Any, pre: 
 
     :func:`lookup` and the agreement-and-reduction of a repeat are written out here rather than called: right
     after a 1-4 MiB transfer has left the caches cold, each Python frame between two calls cost ~1 % of the
-    call's time at two ranks (README, issue 15).
+    call's time at two ranks (docs/design-engine.md, "What a call costs after a transfer").
     """
     k = key(inplace, arr, average, name, op, pre, post, process_set)
     entry = _SEEN.get(k)

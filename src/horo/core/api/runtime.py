@@ -197,7 +197,8 @@ def _network_defaults(world: Any, local_sizes: list[int]) -> None:
       allreduce in 1 MiB pieces ran at 0.50-0.73x raw MPI, in 16 MiB pieces at 1.01x (docs/multihost.md);
     - out-of-place allreduces keep MPI's algorithm (HORO_RING_MIN_BYTES=0). horo's flat ring knows nothing
       of hosts: at 2 hosts x 2 ranks it sent 1.5x the bytes of Open MPI's host-aware allreduce across the
-      link and ran at 0.55x its speed; at 2 x 1 it was level (docs/multihost.md, "Session 16").
+      link and ran at 0.55x its speed; at 2 x 1 it was level (docs/multihost.md, "Out-of-place allreduces
+      across hosts").
     """
     spans_hosts = local_sizes[0] < world.Get_size()  # the same on every rank
     if not spans_hosts:
@@ -243,6 +244,7 @@ def shutdown() -> None:
 
 
 def is_initialized() -> bool:
+    """True between ``init()`` and ``shutdown()``."""
     return state.initialized
 
 
@@ -290,30 +292,37 @@ def mpi_threads_supported() -> bool:
 
 
 def mpi_built() -> bool:
+    """True when mpi4py is installed (horo's collectives run on MPI)."""
     return importlib.util.find_spec("mpi4py") is not None
 
 
 def mpi_enabled() -> bool:
+    """As ``mpi_built()``: MPI is horo's one controller."""
     return mpi_built()
 
 
 def gloo_built() -> bool:
+    """False: horo has no such backend (Horovod's query, kept for scripts that ask)."""
     return False
 
 
 def gloo_enabled() -> bool:
+    """False: horo has no such backend (Horovod's query, kept for scripts that ask)."""
     return False
 
 
 def rocm_built() -> bool:
+    """False: horo has no such backend (Horovod's query, kept for scripts that ask)."""
     return False
 
 
 def ddl_built() -> bool:
+    """False: horo has no such backend (Horovod's query, kept for scripts that ask)."""
     return False
 
 
 def ccl_built() -> bool:
+    """False: horo has no such backend (Horovod's query, kept for scripts that ask)."""
     return False
 
 

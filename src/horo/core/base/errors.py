@@ -42,6 +42,7 @@ class HoroInternalError(HoroError):
 
 # Horovod's name, for user code that catches it (``except hvd.HorovodInternalError``).
 HorovodInternalError = HoroInternalError
+"""Horovod's name for ``HoroInternalError``."""
 
 
 class HoroTypeError(TypeError, ValueError):

@@ -24,11 +24,17 @@ class ReduceOp(enum.Enum):
 
 
 Average = ReduceOp.AVERAGE
+"""Average over the ranks (the default op)."""
 Sum = ReduceOp.SUM
+"""Sum over the ranks."""
 Min = ReduceOp.MIN
+"""Element-wise minimum over the ranks."""
 Max = ReduceOp.MAX
+"""Element-wise maximum over the ranks."""
 Product = ReduceOp.PRODUCT
+"""Element-wise product over the ranks."""
 Adasum = ReduceOp.ADASUM
+"""Adaptive summation (Horovod's Adasum): see the Adasum guide."""
 
 
 def resolve_op(op: object = None, average: object = None, default: ReduceOp = Average) -> ReduceOp:

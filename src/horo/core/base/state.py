@@ -101,4 +101,5 @@ class ProcessSet:
 
 
 global_process_set = ProcessSet([])
+"""The set of all ranks (id 0), the default ``process_set`` of every collective."""
 global_process_set.process_set_id = 0

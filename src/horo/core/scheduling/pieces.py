@@ -3,8 +3,8 @@
 ``mpi_ops.allreduce_into`` reduces an array above 8 x ``HORO_CHUNK_BYTES`` in pieces of that size. On this
 machine (2 vCPUs of a VM) which form wins at 9-16 MiB depends on a state of the host that flips every few
 seconds: at 16 MiB the pieces took 1.7 ms against 2.3 ms for one call in one state, and 5.6-6.1 ms against
-3.9 ms in the other (README, "Session 18"). From 32 MiB the pieces always won, up to 8 MiB one call did, so
-only the window between is chosen at run time.
+3.9 ms in the other (docs/design-engine.md, "One call or pieces for mid-size allreduces"). From 32 MiB the
+pieces always won, up to 8 MiB one call did, so only the window between is chosen at run time.
 
 The choice must be the same on every rank, or the ranks would make different MPI calls. The first rank of
 the communicator proposes it inside the agreement that precedes every call (``negotiation.agree_choice``);

@@ -59,7 +59,7 @@ class Rounds:
         Sends the header the general round would build (kept per bit) and, when every rank sent the very same
         one, runs the op at once: the general round's matching and bookkeeping would find nothing to do. That
         Python is a quarter of a small op's time, and right after a 1 MiB transfer each µs of it costs 2-4
-        (README, issue 15).
+        (docs/design-engine.md, "What a call costs after a transfer").
 
         Returns:
             False when the ranks' headers differ; ``self.recv`` then holds them for the general round.
