@@ -13,7 +13,8 @@ __all__ = [
     "init", "shutdown", "is_initialized", "size", "rank", "local_size", "local_rank", "cross_size", "cross_rank",
     "is_homogeneous", "mpi_threads_supported", "mpi_built", "mpi_enabled", "nccl_built", "cuda_built", "gloo_built",
     "gloo_enabled", "rocm_built", "ddl_built", "ccl_built", "ReduceOp", "Average", "Sum", "Min", "Max", "Product",
-    "Adasum", "ProcessSet", "add_process_set", "remove_process_set", "global_process_set", "HoroError",
+    "Adasum", "ProcessSet", "add_process_set", "remove_process_set", "global_process_set", "get_process_sets",
+    "HoroError",
     "NotInitializedError", "MismatchError", "StallError", "HoroInternalError", "HorovodInternalError",
     "start_timeline", "stop_timeline",
 ]
