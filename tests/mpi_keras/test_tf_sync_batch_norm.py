@@ -95,14 +95,15 @@ def test_float32_in_a_keras_model_trains_like_one_process(hvd, world, rank, tf_b
 
     xs = [x.astype("float32") for x in _inputs(world, (6,), [4] * world)]
 
-    def model(layer):
+    def model(layer, name):
+        # Named: graph ops are matched by name, and Keras' automatic names count the models each rank made before.
         keras.utils.set_random_seed(1)
-        m = keras.Sequential([keras.Input((6,)), keras.layers.Dense(3), layer])
+        m = keras.Sequential([keras.Input((6,)), keras.layers.Dense(3), layer], name=name)
         m.compile(optimizer=keras.optimizers.SGD(0.0), loss="mse")
         return m
 
-    mine = model(htf.SyncBatchNormalization(momentum=0.5))
-    ref = model(keras.layers.BatchNormalization(momentum=0.5))
+    mine = model(htf.SyncBatchNormalization(momentum=0.5, name="sbn_fit_layer"), "sbn_fit_sync")
+    ref = model(keras.layers.BatchNormalization(momentum=0.5), "sbn_fit_ref")
     mine.fit(xs[rank], np.zeros((4, 3), "float32"), batch_size=4, epochs=1, verbose=0, shuffle=False)
     ref.fit(np.concatenate(xs), np.zeros((4 * world, 3), "float32"), batch_size=4 * world, epochs=1, verbose=0,
             shuffle=False)
