@@ -383,3 +383,25 @@ def test_gradients_of_every_collective_in_both_modes(hvd, world, rank, tf_backen
         assert g[1] is None and g[0] is not None
 
     in_both_modes(check)
+
+
+def test_an_error_inside_a_keras_layer_keeps_its_classes_and_message(hvd, world, rank, tf_backend):
+    """Keras re-raises an error from a layer's call as ``type(e)(node_def, op, message, code)`` with the call's
+    arguments added: horo's TF error classes must accept that form (they took a message only)."""
+    import keras
+    import tensorflow as tf
+
+    import horo
+    import horo.tensorflow as htf
+
+    if world == 1:
+        pytest.skip("a mismatch needs two ranks")
+
+    class Exchange(keras.layers.Layer):
+        def call(self, x):
+            return htf.allreduce(x, name="keras.layer.mismatch")
+
+    with pytest.raises(horo.MismatchError) as info:
+        Exchange()(tf.ones([2 + rank, 3]))  # the first dimension differs by rank
+    assert isinstance(info.value, tf.errors.FailedPreconditionError)
+    assert "Exchange" in str(info.value), str(info.value)

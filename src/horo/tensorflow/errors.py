@@ -24,10 +24,15 @@ __all__ = ["TensorFlowArgumentError", "TensorFlowInternalError", "TensorFlowMism
 tf = import_tf()
 
 
-def _init(self: Exception, message: str) -> None:
+def _init(self: Exception, *args: Any) -> None:
+    """``(message)`` from horo, or TF's own ``(node_def, op, message, *payloads)``: Keras re-raises an error
+    from a layer's call as ``type(e)(e.node_def, e.op, message, ...)``, which must keep working."""
     tf_class = next(c for c in type(self).__mro__[1:] if issubclass(c, tf.errors.OpError))
-    tf_class.__init__(self, None, None, message)
-    self.args = (message,)
+    if len(args) == 1:
+        tf_class.__init__(self, None, None, args[0])
+        self.args = (args[0],)
+    else:
+        tf_class.__init__(self, *args)
 
 
 class TensorFlowMismatchError(tf.errors.FailedPreconditionError, MismatchError):
