@@ -72,13 +72,13 @@ def init(comm: Any = None, process_sets: Sequence[ProcessSet] | str | None = Non
             f"init(comm=...) takes an mpi4py communicator or a list of ranks. Received: comm={comm!r}. "
             "HINT: horo.init(comm=MPI.COMM_WORLD.Split(color, key))."
         )
+    connect_pairs(base)  # the first exchange, so each direction between two hosts gets its own TCP connection
     try:
         initial_sets(sets, base)
     except BaseException:
         if made and base != MPI.COMM_WORLD and base != MPI.COMM_NULL:
             base.Free()
         raise
-    connect_pairs(base)  # first, so each direction between two hosts gets its own TCP connection
     world = duplicate(base)
     # Errors as exceptions, whatever the caller's handler: a dead peer must surface (see core.fault).
     world.Set_errhandler(MPI.ERRORS_RETURN)
