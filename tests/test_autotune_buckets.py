@@ -79,7 +79,7 @@ def test_bucket_size_set_by_hand_stays_fixed(tmp_path: Path) -> None:
     records, _ = run_job(tmp_path, 2, {**BUCKET_ENV, "HORO_BUCKET_BYTES": "524288", "HORO_AUTOTUNE": "1",
                                        "HORO_AUTOTUNE_LOG": str(log)}, job=JOB)
     notes = _steps(records)
-    assert {(s, c, d) for _, s, c, d, _ in notes} == {notes[0][1:4]} and notes[0][1] == 524288
+    assert {(s, c, d) for _, s, c, d, _ in notes} == {tuple(notes[0][1:4])} and notes[0][1] == 524288
     assert all(r["reforms"] == 0 for r in records)
     rows = read_log(log)
     assert {r["bucket_bytes"] for r in rows} == {"524288"}
