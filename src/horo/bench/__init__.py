@@ -12,6 +12,8 @@ Each benchmark is a module ``horo.bench.NAME`` with ``main(argv) -> int``:
 - ``gpu``: GPU buffers: horo's NCCL path vs raw NCCL and host staging (also ``allreduce --gpu``).
 - ``keras``, ``lightning``: end-to-end training throughput with the framework facades (``keras --backend
   tensorflow|torch|jax``).
+- ``buckets``: what one more gradient bucket in a step costs the host on CPU tensors (``horo.torch``'s
+  exchange; the GPU twin is tests/gpu/host_path.py), next to what MPI charges per extra message.
 - ``torch_step``: a plain torch step with ``DistributedOptimizer`` against ``DistributedDataParallel``.
 - ``jax_carriers``: what carries a gradient exchange inside ``jax.jit``: horo's ordered host callback, bare
   mpi4py, mpi4jax (when installed) and XLA's own collectives over a ``jax.distributed`` world.
@@ -40,6 +42,7 @@ BENCHES: dict[str, str] = {
     "keras": "Keras training throughput with horo.keras (TensorFlow, torch or JAX backend)",
     "jax_carriers": "exchange inside jax.jit: horo's io_callback vs bare mpi4py, mpi4jax, XLA collectives (gloo)",
     "lightning": "PyTorch Lightning training throughput with horo.lightning",
+    "buckets": "horo.torch gradient buckets on CPU: host cost of one more bucket in a step, vs raw mpi4py",
     "torch_step": "torch training step: horo.torch.DistributedOptimizer vs DistributedDataParallel",
 }
 
