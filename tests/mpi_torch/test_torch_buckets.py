@@ -184,3 +184,35 @@ def test_assign_fills_each_key_to_its_caps():
     assert assign(range(8), sizes, keys, 8, 32) == [[0, 1], [2, 3], [4, 5, 7], [6]]
     assert assign([7, 6, 5, 4, 3, 2, 1, 0], sizes, keys, 8, 32) == [[7, 5, 4], [6], [3, 2], [1, 0]]
     assert assign([], [], [], 8, 32) == []
+
+
+def test_host_buckets_keep_the_grad_objects_and_stay_exact(hvd, rank, world):
+    """On the host a reduced bucket becomes the gradients' memory (no copy back): the grad objects stay the same,
+    gradients zeroed in place accumulate in the bucket, and every step's result is exact."""
+    from horo.torch import GradientExchange
+
+    ps = [torch.nn.Parameter(torch.zeros(n)) for n in (300, 7, 5000, 64)]
+    ex = GradientExchange([(f"kept{i}", p) for i, p in enumerate(ps)], op=hvd.Sum, bucket_bytes=1200,
+                          first_bucket_bytes=1)
+    seen = []
+    for step in range(6):
+        for p in ps:
+            if step % 2 and p.grad is not None:
+                p.grad.zero_()  # zero_grad(set_to_none=False): the next backward accumulates into it
+            else:
+                p.grad = None
+        if step % 3 == 2:  # steps 2 and 5: a backward pass that only accumulates, then one exchanged
+            ex.active = False
+            sum((p * (rank + 1 + step)).sum() for p in ps).backward()
+            ex.active = True
+        sum((p * (rank + 1 + step)).sum() for p in ps).backward()
+        grads = [p.grad for p in ps]
+        ex.synchronize()
+        want = sum(r + 1 + step for r in range(world)) * (2 if step % 3 == 2 else 1)
+        seen.append((all(p.grad is g for p, g in zip(ps, grads)),
+                     all(torch.equal(p.grad, torch.full_like(p, float(want))) for p in ps)))
+
+    def check():
+        assert len(ex.buckets.buckets) >= 3
+        assert seen == [(True, True)] * 6, seen
+    agree(check)

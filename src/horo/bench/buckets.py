@@ -1,7 +1,7 @@
 """What one more gradient bucket in a step costs the host, on CPU tensors (the GPU twin: tests/gpu/host_path.py).
 
     hororun -np N python -m horo.bench buckets [--params 16] [--numel 16384] [--iters 50] [--repeats 21]
-                                               [--profile OUT.prof]
+                                               [--new-grads] [--profile OUT.prof]
 
 A ``horo.torch.GradientExchange`` over ``--params`` gradients of ``--numel`` floats (16 of 64 KiB) runs
 ``synchronize()`` with every gradient in its own bucket, with all of them in one bucket, and with each
@@ -9,8 +9,11 @@ exchanged on its own through the engine (``bucket_bytes=0``), interleaved. "buck
 more bucket costs ((N buckets - 1 bucket) / (N - 1), the median of the paired differences): copy in, the
 engine's submission, round and run, average, copy out. Next to it, the same for raw mpi4py: N ``Allreduce``
 calls of one gradient each against one of all of them, i.e. what MPI itself charges per extra message;
-horo's figure minus that one is its own Python. ``--profile`` writes rank 0's cProfile of the N-bucket
-steps (read it with ``python -m pstats``) and prints the functions with the most own time.
+horo's figure minus that one is its own Python. The gradients stay the same tensors from step to step (as
+after ``zero_grad(set_to_none=False)``); ``--new-grads`` gives every parameter a new gradient tensor before
+each step, as backward does after ``zero_grad()``'s default (the same for every variant). ``--profile``
+writes rank 0's cProfile of the N-bucket steps (read it with ``python -m pstats``) and prints the functions
+with the most own time.
 """
 
 from __future__ import annotations
@@ -27,7 +30,9 @@ from ._util import env_summary, limit_threads, md_table, time_interleaved
 __all__ = ["main"]
 
 
-def _exchange(hvd, params: int, numel: int, bucket_bytes: int, first: int):  # noqa: ANN001, ANN202
+def _exchange(hvd, params: int, numel: int, bucket_bytes: int, first: int,  # noqa: ANN001, ANN202
+              new_grads: bool):
+    """The exchange and one step of it (a callable)."""
     import torch  # lazy: torch only when the bench runs
 
     ps = [torch.nn.Parameter(torch.ones(numel)) for _ in range(params)]
@@ -35,9 +40,16 @@ def _exchange(hvd, params: int, numel: int, bucket_bytes: int, first: int):  # n
                               bucket_bytes=bucket_bytes, first_bucket_bytes=first)
     for p in ps:
         p.grad = torch.ones_like(p)
-    ex.synchronize()  # the first step: the rebuild, then the layout agreement
-    ex.synchronize()
-    return ex
+
+    def step() -> None:
+        if new_grads:
+            for p in ps:
+                p.grad = torch.ones(numel)
+        ex.synchronize()
+
+    step()  # the first step: the rebuild, then the layout agreement
+    step()
+    return ex, step
 
 
 def main(argv: list[str]) -> int:
@@ -46,6 +58,7 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--numel", type=int, default=16384)
     ap.add_argument("--iters", type=int, default=50, help="steps per sample")
     ap.add_argument("--repeats", type=int, default=21, help="samples per variant (interleaved)")
+    ap.add_argument("--new-grads", action="store_true", help="a new gradient tensor per parameter and step")
     ap.add_argument("--profile", default=None, help="write rank 0's cProfile of the N-bucket steps here")
     args = ap.parse_args(argv)
     if args.params < 2 or args.numel < 1:
@@ -60,9 +73,9 @@ def main(argv: list[str]) -> int:
     comm = MPI.COMM_WORLD
     n, rank = hvd.size(), hvd.rank()
     nbytes = args.numel * 4
-    many = _exchange(hvd, args.params, args.numel, 1, 1)  # each gradient closes its own bucket
-    one = _exchange(hvd, args.params, args.numel, 1 << 40, 1 << 40)
-    single = _exchange(hvd, args.params, args.numel, 0, 0)
+    many, many_step = _exchange(hvd, args.params, args.numel, 1, 1, args.new_grads)  # a bucket per gradient
+    one, one_step = _exchange(hvd, args.params, args.numel, 1 << 40, 1 << 40, args.new_grads)
+    single, single_step = _exchange(hvd, args.params, args.numel, 0, 0, args.new_grads)
     assert many.buckets is not None and len(many.buckets.buckets) == args.params
     assert one.buckets is not None and len(one.buckets.buckets) == 1
     raw_parts = [np.ones(args.numel, np.float32) for _ in range(args.params)]
@@ -75,8 +88,8 @@ def main(argv: list[str]) -> int:
     def raw_one() -> None:
         comm.Allreduce(MPI.IN_PLACE, raw_whole, op=MPI.SUM)
 
-    variants = {f"horo: {args.params} buckets": many.synchronize, "horo: 1 bucket": one.synchronize,
-                f"horo: {args.params} per-parameter": single.synchronize,
+    variants = {f"horo: {args.params} buckets": many_step, "horo: 1 bucket": one_step,
+                f"horo: {args.params} per-parameter": single_step,
                 f"raw mpi4py: {args.params} Allreduce": raw_many, "raw mpi4py: 1 Allreduce": raw_one}
     timing = time_interleaved(comm, variants, args.iters, args.repeats, warmup=3)
     names = list(variants)
@@ -88,12 +101,13 @@ def main(argv: list[str]) -> int:
         prof = cProfile.Profile()
         prof.enable()
     for _ in range(args.iters * 4 if args.profile else 0):
-        many.synchronize()
+        many_step()
     if args.profile and rank == 0:
         prof.disable()
         prof.dump_stats(args.profile)
     if rank == 0:
-        print(f"# horo.bench buckets: {args.params} gradients of {nbytes // 1024} KiB, {env_summary(n)}")
+        grads = "new gradient tensors every step" if args.new_grads else "the same gradient tensors every step"
+        print(f"# horo.bench buckets: {args.params} gradients of {nbytes // 1024} KiB, {grads}, {env_summary(n)}")
         print(md_table(["variant", "µs per step"], [[k, f"{v:.1f}"] for k, v in med.items()]))
         print()
         print(md_table(["per extra bucket / message", "µs"], [

@@ -83,6 +83,8 @@ class Bucket:
         self.handle: Any = None
         self.ready_event: Any = None
         self.done_event: Any = None
+        self.host: Any = None  # ``flat`` as the numpy array the engine reduces (a view), once staged
+        self.aliased = False  # some members' gradients may share ``flat``'s memory (see Buckets._finish)
 
     def allocate(self) -> None:
         """(Re)make the flat buffer where the parameters are now (a model moved after its optimizer was made)."""
@@ -93,6 +95,7 @@ class Bucket:
             self.views = [v.view(p.shape) for v, p in zip(self.flat.split(self.numels), self.params)]
             self.where = where
             self.plan = None
+            self.host = None
 
     def clear(self) -> None:
         self.missing = len(self.params)
@@ -172,7 +175,8 @@ class Buckets:
         for b in self.buckets[self.next:]:
             b.missing = 0
         self.touched = True
-        self._start_ready()
+        with torch.no_grad():  # once for all of them (see _start)
+            self._start_ready()
 
     def _start_ready(self) -> None:
         while self.next < len(self.buckets) and self.buckets[self.next].missing == 0:
@@ -201,6 +205,19 @@ class Buckets:
         if not self.checked:
             self._check_layout()
         b.allocate()
+        if torch.is_grad_enabled():  # only with create_graph=True: backward runs the hooks with grad mode off
+            with torch.no_grad():
+                self._fill(b)
+        else:
+            self._fill(b)
+        self.exchanges += 1
+        if b.wire.is_cuda:  # type: ignore[union-attr]
+            self._start_device(b)
+        else:
+            self._start_engine(b)
+
+    def _fill(self, b: Bucket) -> None:
+        """Copy the members' gradients into the bucket's buffer and compress it (grad mode off)."""
         srcs, dsts = [], []
         for k, p in enumerate(b.params):
             if k in b.excluded or (p.grad is None and not p.requires_grad):
@@ -208,23 +225,28 @@ class Buckets:
                 continue
             if p.grad is None:  # unused on this rank in this step: it contributes zeros, and gets the average
                 p.grad = torch.zeros_like(p)
-            srcs.append(p.grad)
-            dsts.append(b.views[k])
-        with torch.no_grad():
-            if len(srcs) == 1:  # one dispatch fewer than the list form
-                dsts[0].copy_(srcs[0])
-            elif srcs:
-                torch._foreach_copy_(dsts, srcs)
-            b.wire, b.ctx = self.compression.compress(b.flat)
-        self.exchanges += 1
-        if b.wire.is_cuda:
-            self._start_device(b)
-        else:
-            self._start_engine(b)
+            g, v = p.grad, b.views[k]
+            if b.aliased and g.data_ptr() == v.data_ptr():
+                continue  # the gradient already lives in its slot (see _finish): nothing to copy
+            srcs.append(g)
+            dsts.append(v)
+        if len(srcs) == 1:  # one dispatch fewer than the list form
+            dsts[0].copy_(srcs[0])
+        elif srcs:
+            torch._foreach_copy_(dsts, srcs)
+        b.wire, b.ctx = self.compression.compress(b.flat)
 
     def _start_engine(self, b: Bucket) -> None:
-        s = stage(b.wire, self.what, b.name)  # a zero-copy view: the wire buffer is contiguous
-        b.handle = core.allreduce_async_(s.array, name=b.name, op=self.op, prescale_factor=self.pre,
+        wire = b.wire
+        assert wire is not None
+        if wire is b.flat and b.host is not None:
+            host = b.host  # the view staged at the first step: flat is the same buffer until allocate() remakes it
+        else:
+            staged = stage(wire, self.what, b.name)  # a zero-copy view: the wire buffer is contiguous
+            host = staged.array
+            if wire is b.flat and not staged.copied and not wire.is_cuda:
+                b.host = host
+        b.handle = core.allreduce_async_(host, name=b.name, op=self.op, prescale_factor=self.pre,
                                          postscale_factor=self.post, process_set=self.process_set)
 
     def _start_device(self, b: Bucket) -> None:
@@ -277,20 +299,32 @@ class Buckets:
             prepared.finish(b.plan, wire)  # type: ignore[arg-type]
         elif b.handle is not None:
             core.synchronize(b.handle)
-        with torch.no_grad():
-            result = self.compression.decompress(wire, b.ctx)
-            views = b.views if result is b.flat else [
-                v.view(p.shape) for v, p in zip(result.split(b.numels), b.params)]
-            grads, results = [], []
-            for k, (p, v) in enumerate(zip(b.params, views)):
+        result = self.compression.decompress(wire, b.ctx)
+        if result is b.flat and not result.is_cuda:
+            # On the host a copy back costs a pass over the bytes: point each gradient at its slot of the reduced
+            # buffer instead. ``set_`` keeps the grad object (references to it see the result, as after
+            # Horovod's ``p.grad.set_``), and the next step's copy in is skipped for a gradient still there.
+            # (On a GPU the copy is one asynchronous dispatch, cheaper for the host than a set_ per member.)
+            for k, (p, v) in enumerate(zip(b.params, b.views)):
                 g = p.grad
-                if g is not None and k not in b.excluded:
-                    grads.append(g)
-                    results.append(v)
-            if len(grads) == 1:
-                grads[0].copy_(results[0])
-            elif grads:
-                torch._foreach_copy_(grads, results)
+                if g is not None and k not in b.excluded and g.data_ptr() != v.data_ptr():
+                    if g.requires_grad:  # create_graph=True: leave that graph's tensor alone
+                        g.copy_(v)
+                    else:
+                        g.set_(v)
+            b.aliased = True
+            return
+        views = b.views if result is b.flat else [v.view(p.shape) for v, p in zip(result.split(b.numels), b.params)]
+        grads, results = [], []
+        for k, (p, v) in enumerate(zip(b.params, views)):
+            g = p.grad
+            if g is not None and k not in b.excluded:
+                grads.append(g)
+                results.append(v)
+        if len(grads) == 1:
+            grads[0].copy_(results[0])
+        elif grads:
+            torch._foreach_copy_(grads, results)
 
     def wait(self) -> None:
         """Wait for every started bucket, write the results back; after the first step, rebuild once; when
@@ -298,15 +332,17 @@ class Buckets:
         first_error: BaseException | None = None
         cap = self.cap
         started = self.buckets[:self.next]
-        for b in started:
-            try:
-                if self.follow and b is started[-1] and b.handle.__class__ is int:
-                    # The setting of the round that ran the step's last bucket: that round is the same on every
-                    # rank, so every rank re-forms at the same step (the value seen "now" could differ by a tick).
-                    cap = bucket_bytes_of(b.handle) or cap
-                self._finish(b)
-            except BaseException as exc:  # noqa: BLE001 - wait for the others first, then raise
-                first_error = first_error or exc
+        with torch.no_grad():  # once per step: a grad-mode switch per bucket costs the host a few µs each
+            for b in started:
+                try:
+                    if self.follow and b is started[-1] and b.handle.__class__ is int:
+                        # The setting of the round that ran the step's last bucket: that round is the same on
+                        # every rank, so every rank re-forms at the same step (the value seen "now" could differ
+                        # by a tick).
+                        cap = bucket_bytes_of(b.handle) or cap
+                    self._finish(b)
+                except BaseException as exc:  # noqa: BLE001 - wait for the others first, then raise
+                    first_error = first_error or exc
         self._clear()
         if first_error is not None:
             raise first_error
