@@ -12,7 +12,8 @@ collectives in the same order; each bucket's name carries a digest of its layout
 differ raise ``MismatchError`` instead of mixing gradients. CUDA buckets run a prepared allreduce
 (``prepared.py``): one 16-byte agreement over MPI, then NCCL on a side stream that waits for the gradients
 with an event, so backward keeps computing; host buckets go through horo's engine as named async
-allreduces. ``wait()`` joins the streams, averages, and copies the results back into ``param.grad``.
+allreduces. ``wait()`` joins the streams, averages, and copies the results back into ``param.grad`` (on the
+host it points each ``param.grad`` at its slot of the bucket instead: see ``_finish``).
 """
 
 from __future__ import annotations
