@@ -267,17 +267,18 @@ def _pgrep(marker: str) -> str:
 
 
 def run_job(tmp_path: Path, n: int, env: dict[str, str], flags: tuple[str, ...] = (), steps: int = STEPS,
-            timeout: float = 150) -> tuple[list[dict], str]:
-    """hororun -np n FLAGS python autotune_job.py; returns (per-rank records, output). Kills and fails on a hang."""
+            timeout: float = 150, job: str = "autotune_job.py", args: tuple[str, ...] = ()) -> tuple[list[dict], str]:
+    """hororun -np n FLAGS python JOB OUT --steps STEPS ARGS; returns (per-rank records, output). Kills and fails
+    on a hang."""
     marker = uuid.uuid4().hex
-    script = tmp_path / f"autotune_job_{marker}.py"
-    shutil.copy(SCRIPTS / "autotune_job.py", script)
+    script = tmp_path / f"{Path(job).stem}_{marker}.py"
+    shutil.copy(SCRIPTS / job, script)
     out = tmp_path / f"out_{marker}.json"
     full_env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", **env)
     for k in [k for k in full_env if k.startswith(("HORO_AUTOTUNE", "HOROVOD_AUTOTUNE")) and k not in env]:
         del full_env[k]
     proc = subprocess.Popen([sys.executable, "-m", "horo.run", "-np", str(n), *flags, sys.executable, str(script),
-                             str(out), "--steps", str(steps)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                             str(out), "--steps", str(steps), *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True, env=full_env, start_new_session=True)
     try:
         text, _ = proc.communicate(timeout=timeout)

@@ -111,7 +111,7 @@ def test_one_allreduce_per_bucket_in_the_engine(hvd, rank, world, shared_tmp):
     def check():
         assert len(ex.buckets.buckets) == 1  # 12 parameters, 12.7 KiB: one bucket of the default sizes
         assert in_step == 1
-        assert {n for n in names if n.startswith("horo.grad_bucket")} == {ex.buckets.buckets[0].name}, names
+        assert {n for n in names if n.startswith("horo.bucket.")} == {ex.buckets.buckets[0].name}, names
     agree(check)
 
 

@@ -24,6 +24,7 @@ from typing import Any
 import torch
 
 from .. import core
+from ..core.api.bucket_knob import BUCKET_KNOB_PREFIX, bucket_bytes_of
 from ..core.api.gpu_prepared import PreparedAllreduce, eligible, event, record, wait
 from ..core.api.process_sets import ProcessSet, resolve
 from ..core.base.errors import MismatchError
@@ -64,7 +65,7 @@ def assign(order: Sequence[int], nbytes: Sequence[int], keys: Sequence[Hashable]
 class Bucket:
     """One bucket: its parameters, the flat buffer their gradients travel in, and this step's state."""
 
-    def __init__(self, index: int, params: list[torch.Tensor], names: list[str]) -> None:
+    def __init__(self, index: int, params: list[torch.Tensor], names: list[str], prefix: str) -> None:
         self.index = index
         self.params = params
         self.numels = [p.numel() for p in params]
@@ -72,7 +73,7 @@ class Bucket:
         self.flat = torch.empty(0)
         self.views: list[torch.Tensor] = []
         layout = repr([(n, tuple(p.shape), str(p.dtype)) for n, p in zip(names, params)])
-        self.name = f"horo.grad_bucket.{index}.{hashlib.blake2b(layout.encode(), digest_size=4).hexdigest()}"
+        self.name = f"{prefix}{index}.{hashlib.blake2b(layout.encode(), digest_size=4).hexdigest()}"
         self.missing = len(params)  # members whose gradient is not final yet in this step
         self.excluded: set[int] = set()  # slots exchanged on their own this step (sparse gradients)
         self.plan: PreparedAllreduce | None = None
@@ -109,12 +110,13 @@ class Buckets:
         compression: how a bucket travels (``Compression.none`` / ``fp16`` / ``bf16``).
         process_set: the ranks that average their gradients.
         first_cap, cap: the bytes at which a key's first bucket, and its later ones, close.
+        follow: ``cap`` follows autotune's bucket size knob (re-formed between steps, see ``wait``).
         what: the API name for error messages.
     """
 
     def __init__(self, params: Sequence[torch.Tensor], names: dict[torch.Tensor, str], *, op: ReduceOp,
                  pre: float, post: float, compression: Any, process_set: ProcessSet | None, first_cap: int,
-                 cap: int, what: str) -> None:
+                 cap: int, what: str, follow: bool = False) -> None:
         self.names = names
         self.params = list(params)
         self.op, self.pre, self.post = op, pre, post
@@ -122,6 +124,9 @@ class Buckets:
         self.process_set = process_set
         self.what = what
         self.first_cap, self.cap = first_cap, cap
+        self.follow = follow
+        self.prefix = BUCKET_KNOB_PREFIX if follow else "horo.grad_bucket."
+        self.reforms = 0  # times the buckets were re-formed for a new bucket size, for tests
         self.arrived: list[torch.Tensor] = []  # arrival order in the first step, for the rebuild
         self.sparse: list[torch.Tensor] = []  # members seen with sparse gradients, taken out at the rebuild
         self.rebuilt = False
@@ -132,7 +137,7 @@ class Buckets:
     def _build(self, order: list[torch.Tensor]) -> None:
         groups = assign(range(len(order)), [p.numel() * p.element_size() for p in order],
                         [(p.device, p.dtype) for p in order], self.first_cap, self.cap)
-        self.buckets = [Bucket(n, [order[i] for i in g], [self.names[order[i]] for i in g])
+        self.buckets = [Bucket(n, [order[i] for i in g], [self.names[order[i]] for i in g], self.prefix)
                         for n, g in enumerate(groups)]
         self.slot = {p: (b, k) for b in self.buckets for k, p in enumerate(b.params)}
         self.next = 0  # the next bucket to start
@@ -288,18 +293,31 @@ class Buckets:
                 torch._foreach_copy_(grads, results)
 
     def wait(self) -> None:
-        """Wait for every started bucket, write the results back; after the first step, rebuild once."""
+        """Wait for every started bucket, write the results back; after the first step, rebuild once; when
+        the bucket size knob changed, re-form the buckets for the next step."""
         first_error: BaseException | None = None
-        for b in self.buckets[:self.next]:
+        cap = self.cap
+        started = self.buckets[:self.next]
+        for b in started:
             try:
+                if self.follow and b is started[-1] and b.handle.__class__ is int:
+                    # The setting of the round that ran the step's last bucket: that round is the same on every
+                    # rank, so every rank re-forms at the same step (the value seen "now" could differ by a tick).
+                    cap = bucket_bytes_of(b.handle) or cap
                 self._finish(b)
             except BaseException as exc:  # noqa: BLE001 - wait for the others first, then raise
                 first_error = first_error or exc
         self._clear()
         if first_error is not None:
             raise first_error
+        reform = cap != self.cap
+        if reform:
+            self.cap = cap
+            self.reforms += 1
         if not self.rebuilt:
-            self._rebuild()
+            self._rebuild(reform)
+        elif reform:
+            self._build([p for b in self.buckets for p in b.params])
 
     def reset(self, wait: bool) -> None:
         """Forget this step; ``wait`` for the buckets in flight first (only where every rank resets)."""
@@ -320,8 +338,9 @@ class Buckets:
         self.next = 0
         self.touched = False
 
-    def _rebuild(self) -> None:
-        """Rebuild the buckets in the first rank's arrival order (a collective over the set, once)."""
+    def _rebuild(self, force: bool = False) -> None:
+        """Rebuild the buckets in the first rank's arrival order (a collective over the set, once); ``force``:
+        even in the same order (the bucket size changed)."""
         self.rebuilt = True
         mine = ([self.names[p] for p in self.arrived], [self.names[p] for p in self.sparse])
         order_names, sparse_names = core.broadcast_object(mine, 0, name="horo.grad_bucket.order",
@@ -333,7 +352,7 @@ class Buckets:
         seen = set(order) | skip
         order += [p for p in self.params[::-1] if p not in seen]  # not seen on the first rank: last
         current = [p for b in self.buckets for p in b.params]
-        if order and (len(order) != len(current) or any(a is not b for a, b in zip(order, current))):
+        if order and (force or len(order) != len(current) or any(a is not b for a, b in zip(order, current))):
             self._build(order)
         elif not order:
             self.buckets, self.slot, self.next = [], {}, 0

@@ -82,8 +82,9 @@ class GradientExchange:
             for comparison).
         sparse_as_dense: exchange sparse gradients (e.g. from ``nn.Embedding(sparse=True)``) as dense ones
             (and hand them back sparse); by default they are allgathered as indices and values.
-        bucket_bytes: bucket size (default ``HORO_BUCKET_BYTES``); 0 exchanges each parameter on its own.
-            Every rank must pass the same value.
+        bucket_bytes: bucket size (default ``HORO_BUCKET_BYTES``, which autotune may tune: the buckets are
+            then re-formed between steps); 0 exchanges each parameter on its own. Every rank must pass the
+            same value.
         first_bucket_bytes: the first bucket's size (default ``HORO_FIRST_BUCKET_BYTES``), the same on every
             rank.
     """
@@ -112,7 +113,8 @@ class GradientExchange:
         if self.included and self.op is not Adasum and cap > 0:
             self.buckets = Buckets([p for p in self.params if p.requires_grad], self.names, op=self.op,
                                    pre=self.prescale, post=self.postscale, compression=compression,
-                                   process_set=process_set, first_cap=first, cap=cap, what=what)
+                                   process_set=process_set, first_cap=first, cap=cap, what=what,
+                                   follow=bucket_bytes is None)
         self.marked: set[torch.Tensor] = set()  # parameters marked in their bucket in this step
         self.singles = 0  # allreduces of single parameters started
         self.hooks: dict[torch.Tensor, Any] = {}

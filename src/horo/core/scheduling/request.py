@@ -21,7 +21,7 @@ from ..base.timeline import timeline
 from ..transport.prepared import Allreduce, Prepared
 from .negotiation import Signature
 
-__all__ = ["AUTO", "Request", "auto_name", "get", "on_done", "poll", "reset_auto_names", "submit",
+__all__ = ["AUTO", "Request", "auto_name", "get", "knobs_of", "on_done", "poll", "reset_auto_names", "submit",
            "synchronize"]
 
 AUTO = ".noname."  # in the names of unnamed ops, which are never cached
@@ -67,8 +67,8 @@ class _Done:
 class Request:
     """One submitted collective: a prepared operation, under the name and signature the ranks agree on."""
 
-    __slots__ = ("batch_key", "callback", "done", "engine", "error", "fuse_key", "handle", "name", "prepared",
-                 "result", "send", "sig", "t_submit")
+    __slots__ = ("batch_key", "callback", "done", "engine", "error", "fuse_key", "handle", "knobs", "name",
+                 "prepared", "result", "send", "sig", "t_submit")
 
     def __init__(self, name: str, sig: Signature, prepared: Prepared) -> None:
         self.name, self.sig, self.prepared = name, sig, prepared
@@ -85,9 +85,13 @@ class Request:
         self.handle = 0
         self.engine: Any = None  # the Engine it was submitted to
         self.callback: Callable[[Any, BaseException | None], None] | None = None  # see on_done
+        self.knobs: Any = None  # the engine's knobs in the round that finished it (see knobs_of)
 
     def finish(self, result: Any = None, error: BaseException | None = None) -> None:
         self.result, self.error = result, error
+        eng = self.engine
+        if eng is not None:  # rounds run one at a time and switch knobs only at their end: this round's
+            self.knobs = eng.knobs
         self.done.set()
         if self.callback is not None:  # stored by on_done under _DONE_LOCK while the flag was clear
             _call_back(self.callback, result, error)
@@ -142,14 +146,25 @@ def poll(handle: int) -> bool:
     return False
 
 
-def synchronize(handle: int) -> Any:
-    """Wait for the async op behind ``handle`` and return its result (raising its error, if any)."""
+def _wait(handle: int) -> Request:
     req = get(handle)
     eng = req.engine
     if eng is not None:
         eng.help(req)
     if not req.done.flag:
         _block(req, eng)
+    return req
+
+
+def knobs_of(handle: int) -> Any:
+    """Wait for the op behind ``handle`` without consuming the handle; return the knobs its engine had in the
+    round that ran it (the same round, so the same knobs, on every rank), or None if no round finished it."""
+    return _wait(handle).knobs
+
+
+def synchronize(handle: int) -> Any:
+    """Wait for the async op behind ``handle`` and return its result (raising its error, if any)."""
+    req = _wait(handle)
     with _handles_lock:
         _handles.pop(handle, None)
     if req.error is not None:

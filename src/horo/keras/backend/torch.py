@@ -117,7 +117,8 @@ def _buckets(grads: list[Any], variables: Sequence[Any] | None, settings: Settin
                                          post=settings.postscale_factor,
                                          compression=_torch_compressor(settings.compression),
                                          process_set=settings.process_set,
-                                         first_cap=config.int("HORO_FIRST_BUCKET_BYTES"), cap=cap, what=GRAD_NAME)
+                                         first_cap=config.int("HORO_FIRST_BUCKET_BYTES"), cap=cap, what=GRAD_NAME,
+                                         follow=True)
     return b
 
 

@@ -22,14 +22,14 @@ from typing import Any
 from ...base.timeline import timeline
 from .cache import cache_key, load_entry, store_entry
 from .search import Search
-from .settings import AutotuneOptions, Knobs, start_knobs
+from .settings import BUCKET_KNOB_PREFIX, AutotuneOptions, Knobs, start_knobs
 
 __all__ = ["LOG_COLUMNS", "Manager", "SAMPLES_PER_TRIAL"]
 
 SAMPLES_PER_TRIAL = 5
 #: Horovod's columns, then horo's own knob and what the row is.
 LOG_COLUMNS = ("hierarchical_allreduce", "hierarchical_allgather", "cache_enabled", "cycle_time_ms",
-               "tensor_fusion_threshold", "score", "chunk_bytes", "trial", "phase", "note")
+               "tensor_fusion_threshold", "score", "chunk_bytes", "bucket_bytes", "trial", "phase", "note")
 
 
 class Manager:
@@ -47,8 +47,9 @@ class Manager:
         self.options = options
         self.fixed = dict(fixed)
         self.job = dict(job)
-        self.search = Search(start_knobs(base, options.start, fixed), fixed, options.max_samples, options.noise,
-                             defaults=start_knobs(base, {}, fixed))
+        self._search_args = (start_knobs(base, options.start, fixed), options.max_samples, options.noise,
+                             start_knobs(base, {}, fixed))
+        self.search = self._new_search(buckets=False)
         self.current = self.search.first()
         self.seq = 1  # bumped for every new setting; the engine applies a setting when the number changes
         self.done = False
@@ -116,6 +117,13 @@ class Manager:
             self._log = None
 
     # ---- internals --------------------------------------------------------------------------------
+    def _new_search(self, buckets: bool) -> Search:
+        """The search; ``buckets``: some gradient buckets follow the bucket size, so it is searched too
+        (unless set by hand). Without them the knob is held at its configured value: it changes nothing."""
+        start, max_samples, noise, defaults = self._search_args
+        fixed = self.fixed if buckets else {"bucket_bytes": float(start.bucket_bytes), **self.fixed}
+        return Search(start, fixed, max_samples, noise, defaults=defaults, buckets=buckets)
+
     def _key(self) -> str:
         return cache_key(self.job.get("world_size", 0), self.job.get("hosts", ()), self.job.get("mpi", ""),
                          self._layout, self.fixed)
@@ -123,6 +131,9 @@ class Manager:
     def _end_sample(self, score: float) -> None:
         if not self._layout_done:
             self._layout_done = True  # the first sample saw every tensor of a step at least once
+            if any(name.startswith(BUCKET_KNOB_PREFIX) for name, _, _ in self._layout):
+                # Still the first trial, nothing told to the search yet: it restarts with the bucket size.
+                self.search = self._new_search(buckets=True)
             if self.options.cache_file and self._reuse():
                 return
         if self._warm_left > 0:
@@ -188,6 +199,6 @@ class Manager:
             return
         csv.writer(self._log).writerow([
             int(knobs.hierarchical_allreduce), int(knobs.hierarchical_allgather), int(knobs.cache_enabled),
-            f"{knobs.cycle_time_ms:g}", knobs.fusion_threshold, f"{score:.6g}", knobs.chunk_bytes, len(self.trials),
-            phase, note])
+            f"{knobs.cycle_time_ms:g}", knobs.fusion_threshold, f"{score:.6g}", knobs.chunk_bytes, knobs.bucket_bytes,
+            len(self.trials), phase, note])
         self._log.flush()

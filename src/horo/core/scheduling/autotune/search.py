@@ -1,8 +1,9 @@
 """Where to look next: fixed starting points, then a Gaussian process with expected improvement.
 
-The continuous knobs (fusion threshold, cycle time, chunk size) are searched on a log scale mapped to the
-unit cube: on host memory the best fusion threshold sits near 1 MiB, which a linear 0-64 MiB axis (as in
-Horovod) would squeeze into its first 2 %. The Gaussian process is scikit-learn's (the optional
+The continuous knobs (fusion threshold, cycle time, chunk size, and the gradient bucket size where some
+exchange's buckets follow it) are searched on a log scale mapped to the unit cube: on host memory the best
+fusion threshold sits near 1 MiB, which a linear 0-64 MiB axis (as in Horovod) would squeeze into its first
+2 %. The Gaussian process is scikit-learn's (the optional
 ``horo[autotune]`` extra, imported only when autotune is on); the acquisition is maximised with SciPy's
 L-BFGS-B from the best of a few thousand random candidates. On/off knobs (the response cache, and the
 hierarchical allreduce and allgather where the job spans hosts and some host runs several ranks) are tried
@@ -47,14 +48,15 @@ CONTINUOUS: dict[str, tuple[float, float]] = {
     "fusion_threshold": (14.0, 26.0),  # 16 KiB .. 64 MiB
     "cycle_time_ms": (0.0, math.log2(100.0)),  # 1 .. 100 ms
     "chunk_bytes": (18.0, 26.0),  # 256 KiB .. 64 MiB
+    "bucket_bytes": (18.0, 26.0),  # 256 KiB .. 64 MiB; searched only where gradient buckets follow it
 }
 
 # Spread over the space in log terms; the configured (or HORO_AUTOTUNE_START) setting is tried first.
 _FIXED_POINTS: tuple[dict[str, float], ...] = (
-    {"fusion_threshold": 1 << 20, "cycle_time_ms": 10.0, "chunk_bytes": 1 << 20},
-    {"fusion_threshold": 16 << 20, "cycle_time_ms": 50.0, "chunk_bytes": 8 << 20},
-    {"fusion_threshold": 128 << 10, "cycle_time_ms": 2.0, "chunk_bytes": 32 << 20},
-    {"fusion_threshold": 4 << 20, "cycle_time_ms": 25.0, "chunk_bytes": 256 << 10},
+    {"fusion_threshold": 1 << 20, "cycle_time_ms": 10.0, "chunk_bytes": 1 << 20, "bucket_bytes": 4 << 20},
+    {"fusion_threshold": 16 << 20, "cycle_time_ms": 50.0, "chunk_bytes": 8 << 20, "bucket_bytes": 1 << 20},
+    {"fusion_threshold": 128 << 10, "cycle_time_ms": 2.0, "chunk_bytes": 32 << 20, "bucket_bytes": 64 << 20},
+    {"fusion_threshold": 4 << 20, "cycle_time_ms": 25.0, "chunk_bytes": 256 << 10, "bucket_bytes": 512 << 10},
 )
 
 
@@ -99,16 +101,17 @@ class Search:
         noise: the Gaussian process's noise level (``alpha``) on standardised scores, as in Horovod.
         seed: for the random candidates (only rank 0 searches, so this is for reproducible runs).
         defaults: the setting a job without autotune runs (None: no final check against it).
+        buckets: search ``bucket_bytes`` too (when not fixed): some gradient buckets follow it.
     """
 
     def __init__(self, start: Knobs, fixed: Mapping[str, float], max_samples: int, noise: float,
-                 seed: int = 0, defaults: Knobs | None = None) -> None:
+                 seed: int = 0, defaults: Knobs | None = None, buckets: bool = False) -> None:
         self.defaults = defaults
         self.decision: Decision | None = None
         self._final: list[Knobs] | None = None  # the final check's trials still to run
         self._final_scores: dict[Knobs, list[float]] = {}
         self._winner: Knobs | None = None
-        self.dims = [k for k in CONTINUOUS if k not in fixed]
+        self.dims = [k for k in CONTINUOUS if k not in fixed and (buckets or k != "bucket_bytes")]
         self.max_samples = max_samples
         self.noise = max(noise, 1e-6)
         self.rng = np.random.default_rng(seed)

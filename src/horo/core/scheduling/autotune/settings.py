@@ -12,8 +12,8 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
-__all__ = ["AutotuneOptions", "CATEGORICAL", "Knobs", "KNOB_ENV", "read_options", "explicit_knobs", "parse_start",
-           "start_knobs"]
+__all__ = ["AutotuneOptions", "BUCKET_KNOB_PREFIX", "CATEGORICAL", "Knobs", "KNOB_ENV", "read_options",
+           "explicit_knobs", "parse_start", "start_knobs"]
 
 #: knob -> the variable that sets it by hand (a knob set by hand is held fixed while tuning).
 KNOB_ENV: dict[str, str] = {
@@ -23,7 +23,11 @@ KNOB_ENV: dict[str, str] = {
     "cache_enabled": "HORO_CACHE_CAPACITY",  # Horovod's rule: a capacity set by hand fixes it (0 = off)
     "hierarchical_allreduce": "HORO_HIERARCHICAL_ALLREDUCE",
     "hierarchical_allgather": "HORO_HIERARCHICAL_ALLGATHER",
+    "bucket_bytes": "HORO_BUCKET_BYTES",
 }
+#: Names of the gradient buckets that follow the ``bucket_bytes`` knob start with this. The knob is searched
+#: only once such a bucket went through the engine: without one it could not change anything.
+BUCKET_KNOB_PREFIX = "horo.bucket."
 #: the on/off knobs, tried after the continuous search (Horovod's categorical parameters)
 CATEGORICAL = ("cache_enabled", "hierarchical_allreduce", "hierarchical_allgather")
 
@@ -55,6 +59,7 @@ class Knobs:
     cache_enabled: bool = True  # the response cache (names negotiated once, then by bit)
     hierarchical_allreduce: bool = False  # the engine's allreduces in host, across leaders, in host
     hierarchical_allgather: bool = False  # the same for its allgathers
+    bucket_bytes: int = 25 << 20  # gradient bucket size of the framework exchanges that follow it
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -13,7 +13,7 @@ SHUTDOWN, UNCACHED, STALLED, JOINED, LEAVING, TUNED = 1, 2, 4, 8, 16, 32
 # that agreement's sequence number, so the same wait seen in two rounds is known to be one wait.
 BLOCKED_SHIFT, SEQ_SHIFT = 8, 24
 HDR = 2  # flags, round-entry wall time (µs); then, while autotuning, TUNE words; then the bit vector
-TUNE = 5  # rank 0's current setting: sequence number, fusion bytes, cycle time (µs), chunk bytes, cache on
+TUNE = 6  # rank 0's setting: sequence number, fusion bytes, cycle time (µs), chunk bytes, on/off bits, bucket bytes
 WORD = (1 << 64) - 1
 
 

@@ -112,7 +112,8 @@ class Rounds:
         if tune:
             k = self.tuner.current if self.tuner is not None else None
             head += ([self.tuner.seq, k.fusion_threshold, round(k.cycle_time_ms * 1000), k.chunk_bytes,
-                      int(k.cache_enabled) | int(k.hierarchical_allreduce) << 1 | int(k.hierarchical_allgather) << 2]
+                      int(k.cache_enabled) | int(k.hierarchical_allreduce) << 1 | int(k.hierarchical_allgather) << 2,
+                      k.bucket_bytes]
                      if self.tuner is not None and k is not None else [0] * TUNE)
         head += mask_words(mask, words)
         recv = gathered if gathered is not None else self._exchange(np.array(head, dtype=np.int64), stirs)
