@@ -7,6 +7,8 @@ hororun has returned.
 
 from __future__ import annotations
 
+import importlib.metadata
+import importlib.util
 import os
 import queue
 import re
@@ -398,18 +400,38 @@ def test_killed_mpiexec_leaves_no_ranks(tmp_path: Path) -> None:
 # ---------------------------------------------------------------------------------------------- check-build
 
 
-@pytest.mark.timeout(60)
-def test_check_build() -> None:
-    out = hororun("--check-build")
+@pytest.fixture(scope="module")
+def check_build_out() -> subprocess.CompletedProcess[str]:
+    """One ``hororun --check-build`` for the tests below: it imports every installed framework, which takes
+    tens of seconds on a busy 2-core machine (the limit is for a hang, not for speed)."""
+    return hororun("--check-build", timeout=150)
+
+
+@pytest.mark.timeout(180)
+def test_check_build(check_build_out: subprocess.CompletedProcess[str]) -> None:
+    out = check_build_out
     assert out.returncode == 0, out.stderr
     text = out.stdout
-    for label in ("TensorFlow", "Keras", "PyTorch", "PyTorch Lightning", "MPI", "NCCL", "CUDA", "Gloo"):
+    for label in ("TensorFlow", "Keras", "PyTorch", "PyTorch Lightning", "JAX", "MPI", "NCCL", "CUDA", "Gloo"):
         assert label in text
     assert "Traceback" not in text + out.stderr
     mpi_line = next(ln for ln in text.splitlines() if ln.strip().startswith("[X] MPI "))
     assert "mpi4py 4." in mpi_line and ("Open MPI" in mpi_line or "MPICH" in mpi_line)
     gloo_line = next(ln for ln in text.splitlines() if "Gloo" in ln)
     assert "[ ]" in gloo_line and " no " in gloo_line
+
+
+@pytest.mark.timeout(180)
+def test_check_build_lists_jax_with_its_version(check_build_out: subprocess.CompletedProcess[str]) -> None:
+    """JAX is listed as the other frameworks are: ticked, with the installed version, where it imports."""
+    out = check_build_out
+    assert out.returncode == 0, out.stderr
+    (jax_line,) = [ln for ln in out.stdout.splitlines() if ln.strip()[4:].startswith("JAX ")]
+    if importlib.util.find_spec("jax") is None:
+        assert "[ ] JAX" in jax_line and "(not installed)" in jax_line, jax_line
+    else:
+        version = importlib.metadata.version("jax")
+        assert "[X] JAX" in jax_line and f" yes ({version})" in jax_line, jax_line
 
 
 def test_probe_missing_module_says_no() -> None:

@@ -223,12 +223,24 @@ def test_barrier_waits_for_everyone(hvd, world, rank):
 
 
 def test_join_returns_last_rank(hvd, world, rank):
+    """Ranks join in rank order. Each rank but the first joins once its engine has seen the rank before it
+    joined, so the order holds however long a busy machine keeps a rank from running (a sleep of a fraction of
+    a second per rank did not: a rank descheduled that long joined out of turn)."""
+    from horo.core.api.process_sets import global_process_set
+
+    eng = global_process_set.engine
     sync_comm().Barrier()
-    time.sleep(0.3 * rank)
+    saw_previous = True
+    if rank:
+        deadline = time.monotonic() + 20.0
+        while rank - 1 not in eng.join_round and time.monotonic() < deadline:
+            time.sleep(0.001)
+        saw_previous = rank - 1 in eng.join_round
     last = hvd.join()
     lasts = sync_comm().allgather(last)
 
     def _check():
+        assert saw_previous, f"rank {rank}'s engine did not see rank {rank - 1} join within 20 s"
         assert all(isinstance(v, (int, np.integer)) for v in lasts), lasts
         assert len({int(v) for v in lasts}) == 1, f"ranks disagree on the last joined rank: {lasts}"
         assert int(last) == world - 1, f"join() returned {last}, expected the last rank to join ({world - 1})"

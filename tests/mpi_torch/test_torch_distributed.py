@@ -13,7 +13,7 @@ import time
 import pytest
 import torch
 import torch.distributed as dist
-from torch_mpi_util import agree, use_default_group
+from torch_mpi_util import agree, comm, use_default_group
 
 # torch 2.13 renames all_gather_into_tensor / reduce_scatter_tensor (FutureWarning); Lightning and torchmetrics
 # still call them, so they are what is tested here.
@@ -262,6 +262,7 @@ def test_sub_groups(hvd, world, rank):
 def test_mismatch_raises_on_every_rank_within_2s(hvd, world, rank, case):
     if world == 1:
         pytest.skip("a mismatch needs two ranks")
+    comm().Barrier()  # start together: the 2 s measure horo, not how late a busy machine let a peer arrive
     start = time.monotonic()
     try:
         if case == "all_reduce vs broadcast":

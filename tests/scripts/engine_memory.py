@@ -23,8 +23,10 @@ def step() -> None:
 for _ in range(200):
     step()
 before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-for _ in range(steps):
+for i in range(steps):
     step()
+    if horo.rank() == 0 and (i + 1) % 250 == 0:
+        print(f"rank 0: {i + 1} steps", flush=True)  # progress: the test's hang guard is a quiet minute
 after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 engine = horo.global_process_set.engine
 print(f"rank {horo.rank()}: maxrss_kb before={before} after={after} growth_kb={after - before} "

@@ -21,6 +21,7 @@ _FRAMEWORKS = (
     ("Keras", "keras"),
     ("PyTorch", "torch"),
     ("PyTorch Lightning", "pytorch_lightning"),
+    ("JAX", "jax"),
 )
 
 
