@@ -86,3 +86,20 @@ def test_hierarchical_bench_wire_floor_is_the_allreduce_bandwidth_bound() -> Non
     assert wire_floor(102_228_128, 2, 1.0) == pytest.approx(102_228_128 * 8 / 1e9 * 1514 / 1448)
     # 4 hosts: 2 x 3/4 of it; twice the rate halves the time
     assert wire_floor(1000, 4, 2.0) == pytest.approx(wire_floor(1000, 2, 1.0) * 1.5 / 2)
+
+
+@pytest.mark.mpi
+@pytest.mark.timeout(240)
+def test_buckets_bench_reports_the_cost_of_one_more_bucket(tmp_path: Path) -> None:
+    """Runs, never judged on its figures: a benchmark, not a timed test."""
+    pytest.importorskip("torch")
+    proc = subprocess.run(
+        [sys.executable, "-m", "horo.run", "-np", "2", sys.executable, "-m", "horo.bench", "buckets", "--params", "4",
+         "--numel", "256", "--iters", "2", "--repeats", "2", "--new-grads", "--profile", str(tmp_path / "b.prof")],
+        capture_output=True, text=True, timeout=220, cwd=tmp_path,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    for row in ("| horo: 4 buckets ", "| horo: bucket in a step ((N - 1) paired) ", "| raw mpi4py: one more Allreduce ",
+                "new gradient tensors every step"):
+        assert row in proc.stdout, proc.stdout
+    assert (tmp_path / "b.prof").stat().st_size > 0
