@@ -69,7 +69,18 @@ def test_lightning_plot_is_written(tmp_path: Path) -> None:
     assert width == 900
 
 
-@pytest.mark.parametrize("bench", ["allreduce", "fusion", "lightning", "keras", "gpu"])
+@pytest.mark.mpi
+@pytest.mark.timeout(JOB_TIMEOUT + 30)
+def test_adasum_plot_is_written(tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")
+    res = _run(_hororun("adasum", "--iters", "1", "--repeats", "1", "--plot", "ad.png"), tmp_path)
+    assert res.stdout.count("plot written to ad.png") == 1, res.stdout[-3000:] + res.stderr[-3000:]  # rank 0 only
+    width, _ = _png_size(tmp_path / "ad.png")
+    assert width == 900
+    assert (tmp_path / "ad.png").stat().st_size > 10_000  # five bars with labels, not a blank canvas
+
+
+@pytest.mark.parametrize("bench", ["allreduce", "fusion", "lightning", "keras", "gpu", "adasum"])
 def test_missing_matplotlib_stops_before_measuring(bench: str, tmp_path: Path) -> None:
     # A None entry in sys.modules makes `import matplotlib` fail as if it were not installed.
     code = ("import sys; sys.modules['matplotlib'] = None; from horo.bench.__main__ import main; "
