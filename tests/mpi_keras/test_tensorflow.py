@@ -250,3 +250,39 @@ def test_16bit_layout_mismatch_raises_on_every_rank(hvd, world, rank, tf_backend
     grads = [tf.ones((3 + rank,)), tf.ones((2,))]  # a different first gradient on every rank
     with pytest.raises(MismatchError, match="scatter"):
         reduce_gradients(grads, compression=htf.Compression.fp16)
+
+
+@pytest.mark.parametrize("op", ["Sum", "Average"])
+def test_gradients_reduced_in_place_leave_constants_and_variables_untouched(hvd, world, rank, tf_backend, op):
+    """float32/float64 gradients are reduced in TF buffers of their own (grad_exchange._fresh): a constant,
+    a folded product of constants or a variable's value passed as a gradient stays what it was, run after run.
+    One gradient is above the fusion threshold (reduced where it lies), the others are packed."""
+    import tensorflow as tf
+
+    import horo.tensorflow as htf
+    from horo.tensorflow.collectives import reduce_gradients
+
+    big = np.full((300_000,), rank + 1.0, dtype=np.float32)  # 1.2 MB: above the 1 MiB fusion threshold
+    small = np.arange(6, dtype=np.float64).reshape(2, 3) * (rank + 1)
+    var = tf.Variable(np.full((5,), rank + 1.0, dtype=np.float32))
+    rop = getattr(htf, op)
+
+    def run():
+        grads = [tf.constant(big), tf.constant(small) * tf.constant(1.0, tf.float64), var.read_value()]
+        return reduce_gradients(grads, op=rop, skip_at_size_one=False, name="inplace.safety")
+
+    traced = tf.function(run)
+    outs = [run(), traced(), traced(), run(), traced()]
+    total = world * (world + 1) / 2  # sum over ranks of (rank + 1)
+    div = world if op == "Average" else 1
+
+    def check():
+        for out in outs:
+            np.testing.assert_allclose(out[0].numpy(), np.full((300_000,), total / div), rtol=1e-6)
+            np.testing.assert_allclose(out[1].numpy(), np.arange(6).reshape(2, 3) * total / div, rtol=1e-12)
+            np.testing.assert_allclose(out[2].numpy(), np.full((5,), total / div), rtol=1e-6)
+            assert out[1].dtype == tf.float64 and out[0].shape == (300_000,)
+        np.testing.assert_array_equal(var.numpy(), np.full((5,), rank + 1.0))
+        np.testing.assert_array_equal(big, np.full((300_000,), rank + 1.0))
+
+    agree(check)

@@ -7,6 +7,8 @@ never copies; (2) a fresh multi-MB buffer per step costs page faults on every st
 gradient starts on a 64-byte boundary of a buffer that is kept and reused as soon as no result of the
 previous step is alive any more (its reference count says so). For float32/float64 gradients the
 Average's 1/size (and any prescale) is applied while copying into the buffer, which saves a pass over it.
+On TensorFlow, float32/float64 gradients under Sum or Average skip it: they are reduced in TF's own buffers
+(``horo.tensorflow.grad_exchange``), which measured faster there.
 """
 
 from __future__ import annotations
