@@ -35,13 +35,39 @@ def test_keras_bench_runs_and_reports_every_variant(tmp_path: Path, backend: str
                      proc.stdout), proc.stdout
     assert re.search(r"vs the additive limit \(independent ranks' step \+ raw allreduce\) = [0-9.]+ \(target >= "
                      r"0.9\) (PASS|FAIL) \(per run: [0-9.]+\)", proc.stdout), proc.stdout
+    assert re.search(r"bare mpi4py vs the same limit \(.*\) = [0-9.]+", proc.stdout), proc.stdout
     summary = json.loads(out.read_text())["summary"]
     assert "size1_overhead" in summary, summary
-    assert 0 < summary["additive_ratio"] < 3, summary
+    assert 0 < summary["additive_ratio"] < 3 and 0 < summary["bare_additive_ratio"] < 3, summary
     for key in ("efficiency", "efficiency_fp16", "efficiency_bare_mpi"):
         assert 0 < summary[key] < 2, summary
     if plot:
         assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.mpi
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("backend", ["tensorflow", "torch"])
+def test_keras_steps_bench_splits_every_rank_s_step(tmp_path: Path, backend: str) -> None:
+    if importlib.util.find_spec(backend) is None:
+        pytest.skip(f"needs {backend}")
+    out = tmp_path / "steps.json"
+    proc = subprocess.run(
+        [sys.executable, "-m", "horo.run", "-np", "2", sys.executable, "-m", "horo.bench", "keras_steps",
+         "--backend", backend, "--steps", "5", "--rounds", "1", "--json", str(out)],
+        capture_output=True, text=True, timeout=280, cwd=tmp_path,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    fig = json.loads(out.read_text())["variants"]
+    expected = ["plain", "sync only", "bare mpi4py", "horo"] + (["call only"] if backend == "tensorflow" else [])
+    assert sorted(fig) == sorted(expected), fig
+    for name in ("sync only", "bare mpi4py", "horo"):  # one exchange per step, stamped on both ranks
+        f = fig[name]
+        assert len(f["before"]) == len(f["waiting"]) == len(f["after"]) == 2, f
+        assert 0 < f["step"] and 0 <= f["transfer"] < f["step"], f
+        assert all(0 < b < f["step"] for b in f["before"]), f
+    assert "transfer" not in fig["plain"]
+    assert "- additive limit ratio" in proc.stdout and "| horo " in proc.stdout, proc.stdout
 
 
 @pytest.mark.slow

@@ -40,6 +40,7 @@ BENCHES: dict[str, str] = {
     "hierarchical": "ResNet-50 gradient set: hierarchical vs flat allreduce across hosts, next to raw mpi4py",
     "gpu": "GPU allreduce: horo's NCCL path vs raw NCCL vs host staging (needs cupy and a GPU)",
     "keras": "Keras training throughput with horo.keras (TensorFlow, torch or JAX backend)",
+    "keras_steps": "where a multi-rank Keras fit step's time goes, per rank: compute, waiting, transfer, update",
     "jax_carriers": "exchange inside jax.jit: horo's io_callback vs bare mpi4py, mpi4jax, XLA collectives (gloo)",
     "lightning": "PyTorch Lightning training throughput with horo.lightning",
     "buckets": "horo.torch gradient buckets on CPU: host cost of one more bucket in a step, vs raw mpi4py",

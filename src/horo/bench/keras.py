@@ -48,6 +48,7 @@ from typing import Any
 
 import horo
 from horo.bench import plot
+from horo.bench._bare import bare_mpi_sgd
 from horo.bench._util import env_summary, md_table
 from horo.core.base.config import started_by_launcher
 from horo.plugins.fused import FusedAllreduce
@@ -197,7 +198,7 @@ def _worker(args: argparse.Namespace) -> int:
     else:
         variants = {"horo": lambda: hvd.DistributedOptimizer(sgd()),
                     "horo fp16": lambda: hvd.DistributedOptimizer(sgd(), compression=hvd.Compression.fp16),
-                    "bare mpi4py": lambda: _bare_mpi_sgd(keras, args.backend),
+                    "bare mpi4py": lambda: bare_mpi_sgd(keras, args.backend),
                     "plain": sgd}  # ranks train independently: what sharing the machine alone costs
         if args.backend == "torch":  # the gradient buckets CUDA gradients take, on host gradients
             variants["horo buckets"] = lambda: _host_buckets(hvd.DistributedOptimizer(sgd()))
@@ -223,6 +224,8 @@ def _worker(args: argparse.Namespace) -> int:
         result["additive_over_horo"] = [(p + a) / h for p, a, h in zip(samples["plain"], raw_rounds,
                                                                       samples["horo"])]
         result["additive_ratio"] = statistics.median(result["additive_over_horo"])
+        result["additive_over_bare"] = [(p + a) / b for p, a, b in zip(samples["plain"], raw_rounds,
+                                                                       samples["bare mpi4py"])]
     if hvd.size() > 1:
         result["exchange"], result["raw_mpi"] = _exchange_times(_model(keras).trainable_variables)
     result["env"] = env_summary(hvd.size())
@@ -258,60 +261,6 @@ def _host_buckets(opt: Any) -> Any:
 
     keras_torch.BUCKETS_ON_HOST = True
     return opt
-
-
-def _bare_mpi_sgd(keras: Any, backend: str) -> Any:
-    """An SGD averaging its gradients with bare mpi4py before the update (see the module docstring)."""
-    from mpi4py import MPI
-
-    comm = MPI.COMM_WORLD
-    inv = 1.0 / comm.Get_size()
-
-    def reduce_in_place(*arrays: Any) -> list[Any]:
-        for a in arrays:  # fresh buffers made by the scaling below: nothing else refers to them
-            comm.Allreduce(MPI.IN_PLACE, a, op=MPI.SUM)
-        return list(arrays)
-
-    class BareMpi:
-        def apply(self, grads: Any, trainable_variables: Any = None) -> Any:
-            if backend == "tensorflow":
-                import tensorflow as tf
-
-                scaled = [g * inv for g in grads]
-                grads = tf.numpy_function(reduce_in_place, scaled, [g.dtype for g in scaled], stateful=True)
-                for g, s in zip(grads, scaled):
-                    g.set_shape(s.shape)
-            elif backend == "jax":  # scaled by XLA, then one host callback; results land in kept buffers
-                grads = _bare_mpi_jax(self.__dict__, [g * inv for g in grads], comm)
-            else:  # torch: scale into buffers kept across steps (fresh ones would page-fault every step)
-                import torch
-
-                bufs = self.__dict__.setdefault("_bare_bufs", [torch.empty_like(g) for g in grads])
-                grads = [torch.mul(g.detach(), inv, out=b) for g, b in zip(grads, bufs)]
-                reduce_in_place(*[g.numpy() for g in grads])
-            return super().apply(list(grads), trainable_variables)  # type: ignore[misc]
-
-    opt = keras.optimizers.SGD(0.01, momentum=0.9)
-    # Keras on torch swaps SGD for a faster class at construction (by exact class): subclass that one.
-    opt.__class__ = type("BareMpiSGD", (BareMpi, type(opt)), {})
-    return opt
-
-
-def _bare_mpi_jax(store: dict[str, Any], grads: list[Any], comm: Any) -> list[Any]:
-    """One ordered host callback per step: an out-of-place ``Allreduce`` per gradient into kept buffers."""
-    import jax
-    import numpy as np
-    from jax.experimental import io_callback
-    from mpi4py import MPI
-
-    def reduce(*arrays: Any) -> list[Any]:
-        outs = store.setdefault("_bare_bufs", [np.empty(a.shape, a.dtype) for a in arrays])
-        for a, out in zip(arrays, outs):
-            comm.Allreduce(np.asarray(a), out, op=MPI.SUM)
-        return outs
-
-    specs = [jax.ShapeDtypeStruct(g.shape, g.dtype) for g in grads]
-    return list(io_callback(reduce, specs, *grads, ordered=True))
 
 
 def _repeat_forever(x: Any, y: Any) -> Any:
@@ -360,6 +309,7 @@ def _report(ones: list[dict[str, Any]], many: list[dict[str, Any]], args: argpar
         "horo_vs_bare_mpi": med(x for r in many for x in r["bare_over_horo"]),
         "additive_ratio": med(x for r in many for x in r["additive_over_horo"]),
         "additive_ratio_runs": [r["additive_ratio"] for r in many],
+        "bare_additive_ratio": med(x for r in many for x in r["additive_over_bare"]),
         "repeats": args.repeats, "rounds": args.rounds,
         "env": many[0]["env"],
     }
@@ -383,6 +333,8 @@ def _report(ones: list[dict[str, Any]], many: list[dict[str, Any]], args: argpar
     print(_verdict(summary["horo_vs_bare_mpi"]))
     print(_additive_verdict(summary["additive_ratio"]) + " (per run: "
           + ", ".join(f"{x:.2f}" for x in summary["additive_ratio_runs"]) + ")")
+    print(f"- bare mpi4py vs the same limit (for reference: what a hand-written exchange reaches) = "
+          f"{summary['bare_additive_ratio']:.2f}")
     print(summary["env"])
     return summary
 
