@@ -119,8 +119,8 @@ def _reduce_in_place(grads: list[Any], settings: Settings) -> list[Any]:
     """Scale each ``.grad`` where it lies, then one grouped in-place allreduce on their memory.
 
     The scaling runs on gradients backward has just written (still in cache); copying them into a kept
-    fusion buffer instead (a cold destination) cost 0.2-0.3 ms more per step in ``bench keras_steps``'s
-    2-rank MLP, as on TensorFlow (``horo.tensorflow.grad_exchange``).
+    fusion buffer instead (a cold destination) cost 0.2-0.5 ms more per step in a 2-rank ``fit`` of
+    ``bench keras``'s MLP on a 2-core VM, as on TensorFlow (``horo.tensorflow.grad_exchange``).
     """
     size = resolve(settings.process_set, GRAD_NAME).size()
     scale = settings.prescale_factor / size if settings.op is Average else settings.prescale_factor
