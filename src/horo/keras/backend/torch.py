@@ -119,7 +119,7 @@ def _reduce_in_place(grads: list[Any], settings: Settings) -> list[Any]:
     """Scale each ``.grad`` where it lies, then one grouped in-place allreduce on their memory.
 
     The scaling runs on gradients backward has just written (still in cache); copying them into a kept
-    fusion buffer instead (a cold destination) cost 0.2-0.5 ms more per step in a 2-rank ``fit`` of
+    fusion buffer instead (a cold destination) took 0.4-0.6 ms more per step in a 2-rank ``fit`` of
     ``bench keras``'s MLP on a 2-core VM, as on TensorFlow (``horo.tensorflow.grad_exchange``).
     """
     size = resolve(settings.process_set, GRAD_NAME).size()
