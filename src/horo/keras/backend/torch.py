@@ -112,7 +112,8 @@ def _own_grads(grads: list[Any], variables: Sequence[Any] | None) -> bool:
 def _own_host_grads(grads: list[Any], variables: Sequence[Any] | None, settings: Settings) -> bool:
     return (settings.op in (Average, Sum) and getattr(settings.compression, "wire_dtype", "custom") is None
             and _own_grads(grads, variables)
-            and all(not g.is_cuda and g.dtype in (torch.float32, torch.float64) for g in grads))
+            and all(not g.is_cuda and g.dtype in (torch.float32, torch.float64) and g.is_contiguous()
+                    for g in grads))
 
 
 def _reduce_in_place(grads: list[Any], settings: Settings) -> list[Any]:
