@@ -105,21 +105,6 @@ def _variants(keras: Any, hvd: Any, backend: str, marks: list[tuple[float, float
     return out
 
 
-def _raw(nbytes: int, repeats: int = 15) -> float:
-    import numpy as np
-    from mpi4py import MPI
-
-    comm = MPI.COMM_WORLD
-    flat = np.ones(nbytes // 4, np.float32)
-    times = []
-    for _ in range(repeats):
-        comm.Barrier()
-        t0 = time.perf_counter()
-        comm.Allreduce(MPI.IN_PLACE, flat, op=MPI.SUM)
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times[3:])
-
-
 def _parts(ranks: list[dict[str, list[Any]]]) -> dict[str, list[float]]:
     """Per-step parts (seconds) from every rank's step ends E and exchange marks M (see the docstring)."""
     import numpy as np
@@ -188,7 +173,7 @@ def _worker(args: argparse.Namespace) -> int:
             everyone = hvd.allgather_object({"E": list(ends), "M": list(marks)})
             for key, values in _parts(everyone).items():
                 parts[name].setdefault(key, []).extend(values)
-        raws.append(_raw(nbytes))
+        raws.append(kb._raw_allreduce(nbytes))
     if hvd.rank() == 0:
         _report(parts, statistics.median(raws), hvd.size(), args)
     hvd.shutdown()
