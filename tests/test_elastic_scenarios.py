@@ -20,6 +20,10 @@ from test_elastic import Job, _show, needs_ulfm, run_elastic
 pytestmark = pytest.mark.mpi
 
 A, B = "localhost", "127.0.0.1"
+# FRAMEWORK=torch: a DistributedOptimizer whose gradients travel in three buckets, the first smaller than the
+# rest (as DDP's), so that a world change meets bucket state kept from the old world.
+TORCH = {"FRAMEWORK": "torch", "HORO_FIRST_BUCKET_BYTES": "64", "HORO_BUCKET_BYTES": "128"}
+FRAMEWORKS = [pytest.param({}, id="numpy"), pytest.param(TORCH, id="torch-buckets")]
 
 
 def _discovery(tmp_path: Path, log: Path, schedule: list[tuple[int | None, list[str]]]) -> Path:
@@ -77,15 +81,17 @@ def _finished_equal(job: Job, size: int) -> None:
 
 @needs_ulfm
 @pytest.mark.timeout(400)
+@pytest.mark.parametrize("framework", FRAMEWORKS)
 @pytest.mark.parametrize("slots, np_, min_np, max_np",
                          [(2, 2, 2, 4), pytest.param(1, 1, 1, 2, marks=pytest.mark.slow)], ids=["2-slots", "1-slot"])
-def test_hosts_added_and_removed(tmp_path: Path, slots: int, np_: int, min_np: int, max_np: int) -> None:
+def test_hosts_added_and_removed(tmp_path: Path, slots: int, np_: int, min_np: int, max_np: int,
+                                 framework: dict[str, str]) -> None:
     """Discovery lists localhost, then localhost and 127.0.0.1, then 127.0.0.1 alone: the world grows onto
     127.0.0.1 at a commit, then localhost's workers leave at a commit and 127.0.0.1's first worker is rank 0.
     Nothing is rolled back (the function is entered once per change)."""
     job, lines = scenario(tmp_path, np=np_, min_np=min_np, max_np=max_np,
                           schedule=[(0, [f"{A}:{slots}"]), (1, [f"{A}:{slots}", f"{B}:{slots}"]),
-                                    (None, [f"{B}:{slots}"])])
+                                    (None, [f"{B}:{slots}"])], env=framework)
     assert [_world(w) for w in lines] == [(slots, 0, A, 1), (2 * slots, 0, A, 2), (slots, slots, B, 3)], _show(job)
     _finished_equal(job, slots)
     assert {r["start_rank"] for r in job.results} == set(range(slots, 2 * slots))
@@ -163,10 +169,11 @@ RESET_SCHEDULE = [(0, [f"{A}:2"]), (1, [f"{A}:2", f"{B}:2"]), (None, [f"{B}:2"])
 
 @needs_ulfm
 @pytest.mark.timeout(300)
-def test_reset_limit(tmp_path: Path) -> None:
+@pytest.mark.parametrize("framework", FRAMEWORKS)
+def test_reset_limit(tmp_path: Path, framework: dict[str, str]) -> None:
     """The hosts-added-and-removed schedule resets twice (growth, then removal): --reset-limit 1 ends the job
     non-zero at the second reset."""
-    job, lines = scenario(tmp_path, schedule=RESET_SCHEDULE, extra=["--reset-limit", "1"])
+    job, lines = scenario(tmp_path, schedule=RESET_SCHEDULE, extra=["--reset-limit", "1"], env=framework)
     assert job.rc != 0, _show(job)
     assert "the job was reset 2 times, more than --reset-limit allows. Received: reset_limit=1" in job.out, _show(job)
     assert [_world(w) for w in lines] == [(2, 0, A, 1), (4, 0, A, 2)] and not job.results, _show(job)

@@ -13,7 +13,8 @@ Environment:
         or SIGKILL themselves (EXIT_MODE=kill). A start rank is the rank a worker had when it joined.
     EXPECT: JSON {"epoch": ["host:slots", ...]}: at that epoch's end rank 0 waits (at most WAIT_S) until
         hororun's driver offers exactly those hosts, so the change lands at the next commit.
-    FRAMEWORK: numpy (default; ObjectState) or torch (TorchState with a DistributedOptimizer).
+    FRAMEWORK: numpy (default; ObjectState) or torch (TorchState with a DistributedOptimizer whose gradients
+        travel in buckets: set HORO_BUCKET_BYTES / HORO_FIRST_BUCKET_BYTES small for several).
 """
 
 import json
@@ -52,7 +53,7 @@ y = (x @ np.array([1.0, -2.0, 0.5, 3.0], dtype=np.float32)).reshape(-1, 1)
 
 if FRAMEWORK == "torch":
     torch.manual_seed(START_RANK)  # different start weights: only sync() makes them equal
-    model = torch.nn.Linear(4, 1)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1))
     optimizer = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=LR * hvd.size()),
                                          named_parameters=model.named_parameters())
     xt, yt = torch.from_numpy(x), torch.from_numpy(y)

@@ -26,13 +26,14 @@ import torch.distributed as dist
 from .. import core
 from .._launcher import started_by_mpi
 from ..core.api.process_sets import ProcessSet
+from ..core.base import worlds
 from .process_group import HoroProcessGroup
 
 __all__ = ["BACKEND", "LocalStore", "init_process_group", "process_set_of", "register"]
 
 BACKEND = "horo"
 
-_member_sets: dict[tuple[int, ...], ProcessSet] = {}
+_member_sets: dict[tuple[int, ...], ProcessSet] = worlds.cache("torch.distributed groups' process sets")
 _stores: list[LocalStore] = []
 
 

@@ -28,6 +28,7 @@ from .. import core
 from ..core.api.bucket_knob import BUCKET_KNOB_PREFIX, bucket_bytes_of
 from ..core.api.gpu_prepared import PreparedAllreduce, eligible, event, record, wait
 from ..core.api.process_sets import ProcessSet, resolve
+from ..core.base import worlds
 from ..core.base.errors import MismatchError
 from ..core.base.ops import ReduceOp
 from ..core.transport.device import device_meta
@@ -128,6 +129,7 @@ class Buckets:
         self.process_set = process_set
         self.what = what
         self.first_cap, self.cap = first_cap, cap
+        self.initial_cap = cap
         self.follow = follow
         self.prefix = BUCKET_KNOB_PREFIX if follow else "horo.grad_bucket."
         self.reforms = 0  # times the buckets were re-formed for a new bucket size, for tests
@@ -136,6 +138,17 @@ class Buckets:
         self.rebuilt = False
         self.exchanges = 0  # allreduces started, for tests and benches
         self._streams: dict[int, Any] = {}
+        self._build(self.params[::-1])
+        worlds.on_change(self._world_ended)
+
+    def _world_ended(self) -> None:
+        """Start the next world from the buckets a new optimizer builds (``core.base.worlds``): the layout
+        agreement, the first-step rebuild and a tuned bucket size belong to the world that made them, and a
+        newcomer has none of them."""
+        self._clear()  # the old world's handles are never waited on
+        self.cap = self.initial_cap
+        self.arrived, self.sparse = [], []
+        self.rebuilt = False
         self._build(self.params[::-1])
 
     def _build(self, order: list[torch.Tensor]) -> None:

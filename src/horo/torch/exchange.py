@@ -22,6 +22,7 @@ import torch
 
 from .. import core
 from ..core.api.process_sets import ProcessSet
+from ..core.base import worlds
 from ..core.base.config import config
 from ..core.base.ops import Adasum, Average, ReduceOp, Sum, resolve_op
 from .buckets import Buckets
@@ -123,6 +124,14 @@ class GradientExchange:
         self.wait_seconds = 0.0  # time spent blocked in synchronize(): exchange not hidden behind backward
         self.syncs = 0
         self.add_hooks()
+        worlds.on_change(self._world_ended)
+
+    def _world_ended(self) -> None:
+        # What is in flight belongs to the old world; the buckets reset themselves (Buckets._world_ended).
+        self.inflight.clear()
+        self.marked.clear()
+        self.fresh = False
+        self.delay = dict.fromkeys(self.params, self.backward_passes_per_step)
 
     def set_backward_passes_per_step(self, passes: int) -> None:
         if isinstance(passes, bool) or not isinstance(passes, int) or passes < 1:

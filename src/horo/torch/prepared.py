@@ -16,12 +16,13 @@ import torch
 from ..core.api.checks import allreduce_args, name_arg
 from ..core.api.gpu_prepared import PreparedAllreduce, eligible
 from ..core.api.process_sets import ProcessSet
+from ..core.base import worlds
 from ..core.transport.device import device_meta
 
 __all__ = ["allreduce_", "finish", "raw_stream", "remember", "start"]
 
 _LIMIT = 1024  # plans; unbounded unique names or shapes must not grow memory
-_PLANS: dict[tuple, PreparedAllreduce] = {}
+_PLANS: dict[tuple, PreparedAllreduce] = worlds.cache("torch prepared allreduces")
 _WHAT = "horo.torch.allreduce_"
 raw_stream = torch._C._cuda_getCurrentRawStream if hasattr(torch._C, "_cuda_getCurrentRawStream") else None
 

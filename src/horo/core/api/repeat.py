@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from ..base import watchdog
+from ..base import watchdog, worlds
 from ..base.config import config
 from ..base.dtypes import needs_upcast
 from ..base.fault import raise_failure
@@ -36,11 +36,11 @@ _LIMIT = 4096  # entries; unbounded unique names or shapes must not grow memory
 # key -> (process set, its communicator then, signature, hash, op, prescale, postscale, one MPI call?,
 #         MPI op, MPI datatype, MPI.IN_PLACE, finish?, result up to 4 KiB?, out of place by ring.py?,
 #         the agreement's buffers, pieces.Chooser when the first rank chooses between one call and pieces)
-_SEEN: dict[tuple, tuple] = {}
+_SEEN: dict[tuple, tuple] = worlds.cache("repeat calls")
 # The same for named asynchronous allreduces of numpy arrays, whose checks and signature are reused the same
 # way (the engine still negotiates every one): key -> (process set, its communicator then, signature, op,
 # prescale, postscale).
-ASYNC: dict[tuple, tuple] = {}
+ASYNC: dict[tuple, tuple] = worlds.cache("repeat async calls")
 
 
 def key(inplace: bool, arr: np.ndarray, average: Any, name: Any, op: Any, pre: Any, post: Any,

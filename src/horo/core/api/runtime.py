@@ -16,6 +16,7 @@ from ..base.errors import HoroInternalError
 from ..base.fault import horo_comms
 from ..base.state import require_init, state
 from ..base.timeline import timeline
+from ..base.worlds import end as end_world
 from ..scheduling.autotune import explicit_knobs
 from ..scheduling.autotune import setup as autotune_setup
 from ..scheduling.engine import Engine
@@ -143,6 +144,7 @@ def drop_runtime(join_timeout: float = 5.0) -> None:
     global_process_set.ranks = []
     sys.excepthook = _original_excepthook
     state.reset()
+    end_world()  # the next world starts from nothing this one agreed on (core.base.worlds)
 
 
 def _abort_on_uncaught(exc_type: type[BaseException], exc: BaseException, tb: Any) -> None:
@@ -241,6 +243,7 @@ def shutdown() -> None:
         global_process_set.ranks = []
         sys.excepthook = _original_excepthook
         state.reset()
+        end_world()
 
 
 def is_initialized() -> bool:

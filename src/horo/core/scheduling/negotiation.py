@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from ..base import worlds
 from ..base.errors import MismatchError
 from ..base.ops import Average, Sum
 from ..base.watchdog import guarded
@@ -55,7 +56,7 @@ def _hash(sig: Signature) -> int:
     return h
 
 
-_BUFFERS: dict[int, tuple[int, np.ndarray, np.ndarray, list[Any], list[Any]]] = {}
+_BUFFERS: dict[int, tuple[int, np.ndarray, np.ndarray, list[Any], list[Any]]] = worlds.cache("agreement buffers")
 
 
 def _buffers(comm: Any) -> tuple[int, np.ndarray, np.ndarray, list[Any], list[Any]]:

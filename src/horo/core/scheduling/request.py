@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from ..base import worlds
 from ..base.errors import HoroInternalError
 from ..base.timeline import timeline
 from ..transport.prepared import Allreduce, Prepared
@@ -99,7 +100,8 @@ class Request:
 
 _handles: dict[int, Request] = {}
 _handle_ids = itertools.count(1)
-_auto_ids: dict[str, itertools.count] = {}
+# Unnamed ops are numbered per world: a newcomer starts at 0, so every rank must.
+_auto_ids: dict[str, itertools.count] = worlds.cache("unnamed-op counters")
 _handles_lock = threading.Lock()
 
 

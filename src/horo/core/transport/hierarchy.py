@@ -21,6 +21,8 @@ from typing import Any
 
 import numpy as np
 
+from ..base import worlds
+
 __all__ = ["Topology", "topology", "release", "release_all", "reduce_piece", "reduce_pipelined", "allgather_bytes"]
 
 
@@ -39,7 +41,8 @@ class Topology:
         return self.leaders is not None
 
 
-_CACHE: dict[int, Topology] = {}
+# Keyed by the communicator's handle, which MPI may give a new communicator once the old one is freed.
+_CACHE: dict[int, Topology] = worlds.cache("host topologies")
 
 
 def topology(comm: Any) -> Topology:
