@@ -657,11 +657,13 @@ def test_a_synchronous_call_beside_pending_async_work_does_not_stall_across_host
     assert len(re.findall(r"rank \d: done 100 steps", out)) == 4, out[-6000:]
 
 
-@pytest.mark.slow  # two jobs of 110 engine steps on 4 ranks across the bed, ~1 minute (make test-slow)
+@pytest.mark.slow  # two jobs of ~250 engine steps on 4 ranks across the bed, a few minutes (make test-slow)
 def test_autotune_tunes_the_hierarchical_paths_across_hosts(bed, tmp_path):
     # 2 hosts x 2 ranks: the hierarchical allreduce/allgather are on/off knobs here (on one host they are
-    # held fixed). Every rank must switch at the same engine round, and the results (integer-valued floats,
-    # exact in any order) must equal an untuned run's bit for bit.
+    # held fixed). Every rank must switch at the same engine round and end tuning at the same round with the
+    # same knobs, and the results (integer-valued floats, exact in any order) must equal an untuned run's bit
+    # for bit. The tuned job runs until tuning ends, within the tuner's own step budget, and 10 steps more;
+    # the untuned one runs as many steps.
     pytest.importorskip("sklearn")
     import csv
 
@@ -673,11 +675,15 @@ def test_autotune_tunes_the_hierarchical_paths_across_hosts(bed, tmp_path):
            "HORO_AUTOTUNE_BAYES_OPT_MAX_SAMPLES": "6"}
     layout = ["-np", "4", "-H", "node1:2,node2:2"]
     rc, out, _ = hororun(bed, [*layout, "--autotune", "--autotune-log-file", str(log), sys.executable, script,
-                               str(tuned_out), "--steps", "110"], timeout=300, env_extra=env)
+                               str(tuned_out), "--after", "10"], timeout=600, env_extra=env)
     assert rc == 0, out[-6000:]
-    rc, out, _ = hororun(bed, [*layout, sys.executable, script, str(plain_out), "--steps", "110"], timeout=300)
+    tuned = json.loads(tuned_out.read_text())
+    assert tuned[0]["frozen_at"] is not None, f"tuning did not end within its budget of {tuned[0]['budget']} steps"
+    steps = tuned[0]["steps"]
+    assert all(r["frozen_at"] == tuned[0]["frozen_at"] and r["steps"] == steps for r in tuned), tuned
+    rc, out, _ = hororun(bed, [*layout, sys.executable, script, str(plain_out), "--steps", str(steps)], timeout=600)
     assert rc == 0, out[-6000:]
-    tuned, plain = json.loads(tuned_out.read_text()), json.loads(plain_out.read_text())
+    plain = json.loads(plain_out.read_text())
     logs = [r["knob_log"] for r in tuned]
     assert all(lg == logs[0] for lg in logs), logs
     assert any(k["hierarchical_allreduce"] for _, k in logs[0]), logs[0]  # really switched, everywhere at once
