@@ -24,13 +24,10 @@ process raises before any communication, naming the launcher, the size and the h
 from __future__ import annotations
 
 import atexit
-import hashlib
-import hmac
 import json
 import os
 import shlex
 import socket
-import struct
 import subprocess
 import sys
 import threading
@@ -40,6 +37,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..base.config import started_by_launcher
+from .netif import interface_of
+from .signed import recv, send
 
 __all__ = ["Described", "JoinError", "described", "join"]
 
@@ -107,36 +106,6 @@ def refusal(d: Described, why: str) -> JoinError:
         "host1:n,host2:n ...); or set HORO_JOIN=ignore to run this process as a world of one on purpose.")
 
 
-# ------------------------------------------------------------------------------------------- messages
-def send(sock: socket.socket, secret: bytes, obj: Any) -> None:
-    """One signed message: length, HMAC-SHA256 of the JSON body, the body."""
-    body = json.dumps(obj).encode()
-    sock.sendall(struct.pack("!I", len(body)) + hmac.new(secret, body, hashlib.sha256).digest() + body)
-
-
-def recv(sock: socket.socket, secret: bytes) -> Any:
-    """The next signed message; None at a clean end of the stream. Raises ``PermissionError`` on a bad
-    signature (a peer without the job's secret)."""
-    head = _exactly(sock, 36)
-    if head is None:
-        return None
-    (n,) = struct.unpack("!I", head[:4])
-    body = _exactly(sock, n)
-    if body is None or not hmac.compare_digest(head[4:], hmac.new(secret, body, hashlib.sha256).digest()):
-        raise PermissionError("a peer sent a message not signed with this job's secret")
-    return json.loads(body)
-
-
-def _exactly(sock: socket.socket, n: int) -> bytes | None:
-    buf = b""
-    while len(buf) < n:
-        chunk = sock.recv(n - len(buf))
-        if not chunk:
-            return None
-        buf += chunk
-    return buf
-
-
 # ------------------------------------------------------------------------------------------ the joining
 class _Server:
     """This process's own server: its placeholder connects here, and (on a host's local rank 0) the
@@ -197,24 +166,6 @@ def _facing_ip(master: str, port: int, deadline: float) -> tuple[socket.socket |
             time.sleep(0.2)
 
 
-def _interface_of(ip: str) -> str | None:
-    """The name of the network interface holding ``ip`` (Linux), so MPI's traffic takes the same path."""
-    try:
-        import fcntl
-
-        for _, name in socket.if_nameindex():
-            with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-                try:
-                    packed = fcntl.ioctl(s.fileno(), 0x8915, struct.pack("256s", name.encode()[:15]))  # SIOCGIFADDR
-                except OSError:
-                    continue
-                if socket.inet_ntoa(packed[20:24]) == ip:
-                    return name
-    except (ImportError, OSError):
-        pass
-    return None
-
-
 def join(d: Described) -> None:
     """Become rank ``d.rank`` of one MPI job of ``d.size`` processes (see the module docstring).
 
@@ -232,13 +183,13 @@ def join(d: Described) -> None:
             ip = listener.getsockname()[0]
             server = _Server(d, ip)
             table = _gather(d, listener, {"rank": 0, "ip": ip, "port": server.port,
-                                          "iface": _interface_of(ip)}, deadline)
+                                          "iface": interface_of(ip)}, deadline)
             _launch(d, table)
         else:
             sock, ip = _facing_ip(d.master, d.port, deadline)
             server = _Server(d, ip)
             send(sock, d.secret, {"rank": d.rank, "local_rank": d.local_rank, "ip": ip, "port": server.port,
-                                  "iface": _interface_of(ip)})
+                                  "iface": interface_of(ip)})
             sock.settimeout(max(deadline - time.monotonic(), 1.0))
             answer = recv(sock, d.secret)
             if not isinstance(answer, dict) or answer.get("go") is not True:

@@ -16,7 +16,8 @@ import os
 import socket
 import sys
 
-from .adopt import _MPI_PREFIXES, recv, send
+from .adopt import _MPI_PREFIXES
+from .signed import recv, send
 
 __all__ = ["main"]
 
