@@ -470,7 +470,9 @@ def test_silent_link_cut_ends_the_job(bed, tmp_path, limit, layout, cut):
     """A host's eth0 set down mid-job (no RST, no FIN) in a job of 3 hosts: every rank's watchdog fires, the
     reachable ranks' errors reach hororun, and the job ends non-zero within the stall limit plus hororun's
     teardown time, naming the cut host as the one no rank of which reported."""
-    proc, log = _start_loop(bed, tmp_path, {"HORO_STALL_SHUTDOWN_TIME_SECONDS": str(limit)},
+    # Heartbeats off: this is the stall limit's own path (the heartbeats' is test_heartbeats_end_*).
+    proc, log = _start_loop(bed, tmp_path, {"HORO_STALL_SHUTDOWN_TIME_SECONDS": str(limit),
+                                            "HORO_HEARTBEAT_TIMEOUT_SECONDS": "0"},
                             ["-np", "3", "-H", layout, *job("job_loop.py"), "300"])
     _wait_for(log, "LOOPING")
     set_link(bed, cut, False)
@@ -513,7 +515,8 @@ def test_elastic_cut_link_goes_on_without_that_host_from_the_last_commit(bed, tm
     out_dir.mkdir()
     proc, log = _start_loop(bed, tmp_path,
                             {"ELASTIC_OUT": str(out_dir), "STEPS": str(steps), "STEP_SLEEP": "0.05",
-                             "OMP_NUM_THREADS": "1", "HORO_STALL_SHUTDOWN_TIME_SECONDS": str(limit)},
+                             "OMP_NUM_THREADS": "1", "HORO_STALL_SHUTDOWN_TIME_SECONDS": str(limit),
+                             "HORO_HEARTBEAT_TIMEOUT_SECONDS": "0"},
                             ["-np", "3", "--min-np", "2", "--max-np", "3", "-H", "node1:1,node2:1,node3:1",
                              sys.executable, str(REPO / "tests" / "elastic_apps" / "numpy_train.py")])
     _wait_for(log, "world now has 3 worker(s)")
@@ -744,3 +747,84 @@ def test_torchrun_across_two_hosts_joins_one_world(bed, tmp_path):
         assert r["size"] == 4 and r["rank"] == r["launcher_rank"] and r["pid"] == r["pid_before"], r
         assert (r["local_rank"], r["local_size"], r["cross_size"]) == (r["rank"] % 2, 2, 2), r
     assert len({json.dumps(r["weights"]) for r in records}) == 1
+
+
+def _fault(bed, host: str, kind: str) -> None:
+    """A silent host: its link cut (no RST, no FIN), or every process on it stopped (SIGSTOP)."""
+    if kind == "cut":
+        set_link(bed, host, False)
+    else:
+        for pid in host_pids(bed, host):
+            os.kill(pid, 19)
+
+
+def _mend(bed, host: str, kind: str) -> None:
+    if kind == "cut":
+        set_link(bed, host, True)
+    else:
+        kill_host(bed, host)  # a stopped process still takes SIGKILL
+
+
+@pytest.mark.parametrize("kind", ["cut", "frozen"])
+def test_heartbeats_end_a_job_on_a_silent_host(bed, tmp_path, kind):
+    """No horo setting, 2 hosts x 2 ranks: node2 falls silent (its link cut, or every process on it stopped).
+    The heartbeats of node1's ranks end the job within 15 s, each naming node2, and hororun names it too."""
+    proc, log = _start_loop(bed, tmp_path, {}, ["-np", "4", "-H", "node1:2,node2:2", *job("job_loop.py"), "300"])
+    _wait_for(log, "LOOPING")
+    _fault(bed, "node2", kind)
+    at = time.monotonic()
+    try:
+        rc, out, _ = _finish(proc, log, limit=60)
+        ended = time.monotonic() - at
+    finally:
+        _mend(bed, "node2", kind)
+    assert rc != 0, out[-6000:]
+    for rank in (0, 1):
+        assert re.search(rf"horo: error: rank {rank} on host node1: rank [23] on host node2 has sent no heartbeat "
+                         r"for \d+\.\d s", out), out[-6000:]
+    assert "hororun: error: the job failed: node2 fell silent" in out, out[-6000:]
+    assert ended < 15, f"the job ended {ended:.1f} s after node2 fell silent:\n{out[-6000:]}"
+    print(f"heartbeats, {kind}: the job ended {ended:.1f} s after node2 fell silent, rc {rc}")
+
+
+@pytest.mark.parametrize("kind", ["cut", "frozen"])
+def test_elastic_heartbeats_go_on_without_a_silent_host(bed, tmp_path, kind):
+    """The same faults in an elastic job (no horo setting): node1's workers end at the heartbeat timeout,
+    hororun takes node2 for lost and starts the job again on node1 from the last commit, within 15 s of the
+    fault; every step after that commit is done once, none is lost."""
+    steps = 400
+    out_dir = tmp_path / "out"
+    out_dir.mkdir()
+    proc, log = _start_loop(bed, tmp_path,
+                            {"ELASTIC_OUT": str(out_dir), "STEPS": str(steps), "STEP_SLEEP": "0.05",
+                             "OMP_NUM_THREADS": "1"},
+                            ["-np", "4", "--min-np", "2", "--max-np", "4", "-H", "node1:2,node2:2",
+                             sys.executable, str(REPO / "tests" / "elastic_apps" / "numpy_train.py")])
+    _wait_for(log, "world now has 4 worker(s)")
+    time.sleep(3.0)
+    _fault(bed, "node2", kind)
+    at = time.monotonic()
+    try:
+        _wait_for(log, "restarting the job on ['node1']", limit=60)
+        restarted = time.monotonic() - at
+        _wait_for(log, "world now has 2 worker(s)", limit=60)
+        training = time.monotonic() - at
+        rc, out, _ = _finish(proc, log, limit=200)
+    finally:
+        _mend(bed, "node2", kind)
+        if proc.poll() is None:
+            os.killpg(proc.pid, 9)
+            proc.wait()
+    tail = out.split("world now has 4 worker(s)", 1)[1]
+    assert rc == 0, out[-6000:]
+    assert "host node2 was lost" in tail and "from the last committed state, without node2" in tail, tail[-3000:]
+    results = [json.loads(p.read_text()) for p in sorted(out_dir.glob("result.*.json"))]
+    assert len(results) == 2, out[-6000:]
+    first = results[0]["steps"][0][0]
+    assert first > 0, "the new job started from step 0: the committed state was lost"
+    for r in results:
+        assert [s[0] for s in r["steps"]] == list(range(first, steps)) and {s[1] for s in r["steps"]} == {2}
+        assert r["weights"] == results[0]["weights"]
+    assert training < 15, f"training went on {training:.1f} s after the fault:\n{out[-6000:]}"
+    print(f"elastic heartbeats, {kind}: restarted {restarted:.1f} s and training {training:.1f} s after the fault, "
+          f"from step {first}")

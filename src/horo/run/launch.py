@@ -159,6 +159,10 @@ _DAEMON_HOST = re.compile(rb"(?:Remote daemon:.*?on node\s+|Remote host:\s*)([A-
 # itself: when the launcher's own host runs ranks, prterun reports nothing of their exit while a remote
 # daemon is cut off (measured on horo.testbed), so its lines alone would never end the job.
 _STALL = re.compile(rb"horo: error: rank \d+ on host ([A-Za-z0-9_.\-]+) has been blocked in ")
+# horo's heartbeats (core/transport/heartbeat.py): a rank names the peer that fell silent, and its host.
+_SILENT_TEARDOWN_S = 2.0  # for the ranks still reachable to print what they saw
+_HEARTBEAT = re.compile(rb"horo: error: rank \d+ on host ([A-Za-z0-9_.\-]+): rank \d+ on host ([A-Za-z0-9_.\-]+) "
+                        rb"has sent no heartbeat")
 
 
 class JobWatch:
@@ -178,6 +182,7 @@ class JobWatch:
         self.daemon_lost = False
         self._daemon_hosts: list[str] = []
         self.stalled: list[str] = []  # hosts whose ranks reported a stall
+        self.unheard: list[str] = []  # hosts a rank's heartbeats found silent
 
     def feed(self, line: bytes) -> None:
         self.sink(line)
@@ -186,6 +191,12 @@ class JobWatch:
             host = stall.group(1).decode(errors="replace").rstrip(".")
             if host not in self.stalled:
                 self.stalled.append(host)
+        beat = _HEARTBEAT.search(line)
+        if beat:
+            host = beat.group(2).decode(errors="replace").rstrip(".")
+            if host not in self.unheard:
+                self.unheard.append(host)
+            stall = beat  # the reporter's own host is alive, and the job is failing
         failed = _FAILURE.search(line) and (self.proc_failures or _DAEMON_LOST.search(line) or _ABORT.search(line))
         if (stall or failed) and self.failed_at is None:
             self.failed_at = time.monotonic()
@@ -204,8 +215,10 @@ class JobWatch:
 
     @property
     def lost(self) -> list[str]:
-        """Hosts whose launcher daemon the job lost (named in the launcher's report of that)."""
-        return list(self._daemon_hosts) if self.daemon_lost else []
+        """Hosts whose launcher daemon the job lost (named in the launcher's report of that), and hosts whose
+        ranks fell silent (named by the heartbeats of the others)."""
+        return [*(self._daemon_hosts if self.daemon_lost else []),
+                *(h for h in self.unheard if not self.daemon_lost or h not in self._daemon_hosts)]
 
     def silent(self, hosts: list[str]) -> list[str]:
         """Of the job's ``hosts``, those none of whose ranks reported a stall, once some rank did: when a link
@@ -222,6 +235,7 @@ class JobWatch:
         self.daemon_lost = self.daemon_lost or other.daemon_lost
         self._daemon_hosts += [h for h in other._daemon_hosts if h not in self._daemon_hosts]  # noqa: SLF001
         self.stalled += [h for h in other.stalled if h not in self.stalled]
+        self.unheard += [h for h in other.unheard if h not in self.unheard]
 
     def pump(self, stream: Any) -> None:
         for line in iter(stream.readline, b""):
@@ -318,7 +332,9 @@ def run_job(cmd: list[str], env: dict[str, str], grace: float = 5.0, teardown: f
             watch.merge(out_watch)
             if probe is None and hosts and watch.stalled:  # during the teardown wait
                 probe = Probe(hosts)
-            if watch.failed_at is not None and time.monotonic() > watch.failed_at + teardown:
+            # A host the heartbeats found silent never answers prterun either: its end need not be waited for.
+            if watch.failed_at is not None and time.monotonic() > watch.failed_at + (
+                    min(teardown, _SILENT_TEARDOWN_S) if watch.unheard else teardown):
                 killed_stuck = True
                 proc.kill()
             end = ended() if ended is not None else None
@@ -343,14 +359,19 @@ def run_job(cmd: list[str], env: dict[str, str], grace: float = 5.0, teardown: f
     if lost_hosts is not None:
         lost_hosts.extend(h for h in [*watch.lost, *silent] if h not in lost_hosts)
     rc = rc if rc >= 0 else 128 - rc
-    if watch.failed_at is None or not (rc == 0 or killed_stuck or watch.stalled):
+    if watch.failed_at is None or not (rc == 0 or killed_stuck or watch.stalled or watch.unheard):
         return rc
     if lost_hosts is not None:  # the elastic caller restarts without the lost hosts, or says why not
         return 1 if rc in (0, 137) and (watch.lost or silent or killed_stuck) else rc
     why = (f"mpiexec had not ended the job {teardown:g} s after the first failure was reported, so hororun "
            "killed it" if killed_stuck else "mpiexec exited 0 although it reported a failure" if rc == 0 else
            f"mpiexec exited with status {rc}")
-    if watch.stalled:
+    if watch.unheard:
+        _to_stderr(f"hororun: error: the job failed: {', '.join(watch.unheard)} fell silent (no heartbeat for "
+                   f"HORO_HEARTBEAT_TIMEOUT_SECONDS): that host, or the network to it, is the likely cause. {why}. "
+                   "HINT: a frozen host or a cut network link looks like this; see the ranks' messages above.\n"
+                   .encode())
+    elif watch.stalled:
         cause = (f"{', '.join(cut)} did not answer a TCP connection attempt from this host and none of its ranks "
                  "reported: that host, or the network to it, is the likely cause" if cut else
                  f"no rank on {', '.join(silent)} reported: that host, or the network to it, is the likely cause"

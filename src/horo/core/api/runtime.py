@@ -21,7 +21,7 @@ from ..scheduling.autotune import explicit_knobs
 from ..scheduling.autotune import setup as autotune_setup
 from ..scheduling.engine import Engine
 from ..scheduling.negotiation import agree
-from ..transport import adopt, mpi_env, mpi_ops, nccl
+from ..transport import adopt, heartbeat, mpi_env, mpi_ops, nccl
 from ..transport.comms import connect_pairs, duplicate, singleton_segments
 from .process_sets import ProcessSet, add_process_set, global_process_set, initial_sets, release, sets_arg
 
@@ -94,6 +94,7 @@ def init(comm: Any = None, process_sets: Sequence[ProcessSet] | str | None = Non
     _network_defaults(world, local_sizes)
     try:
         tune_opts, tuner = autotune_setup(world, Engine.configured_knobs())
+        heartbeat.start(world)  # collective: a silent peer is known within seconds from here on
     except BaseException:
         for comm in (cross, local, world):
             comm.Free()
@@ -154,6 +155,7 @@ def drop_runtime(join_timeout: float = 5.0) -> None:
             ps.process_set_id = None
         ps.comm = ps.engine_comm = ps.engine = None
     retired.extend(horo_comms())
+    heartbeat.stop()
     global_process_set.ranks = []
     sys.excepthook = _original_excepthook
     state.reset()
@@ -253,6 +255,7 @@ def shutdown() -> None:
                 comm.Free()
     finally:
         timeline.stop()
+        heartbeat.stop()
         global_process_set.ranks = []
         sys.excepthook = _original_excepthook
         state.reset()

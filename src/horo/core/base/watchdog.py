@@ -27,7 +27,7 @@ from .config import config
 from .state import state
 
 __all__ = ["EXIT_CODE", "blocking", "enabled", "guarded", "progress", "in_mpi", "enter_mpi", "leave_mpi",
-           "count_mpi_calls"]
+           "count_mpi_calls", "report_exit"]
 
 EXIT_CODE = 1
 _ACTIVE: dict[int, tuple[str, float]] = {}  # thread id -> (what it waits in, since when)
@@ -163,13 +163,14 @@ def _fire(what: str, waited: float, limit: float) -> None:
     with contextlib.suppress(Exception):
         sys.stderr.flush()
         sys.stdout.flush()
-    _report_to_hororun()
+    report_exit(EXIT_CODE)
     os._exit(EXIT_CODE)
 
 
-def _report_to_hororun() -> None:
-    # Same record the rank hook writes (run/rank_hook): hororun returns the first failing rank's status.
+def report_exit(code: int) -> None:
+    """Before ``os._exit(code)``: the record the rank hook writes (run/rank_hook), from which hororun returns
+    the first failing rank's status."""
     folder = os.environ.get("HORORUN_STATUS_DIR")
     if folder:
         with contextlib.suppress(OSError), open(os.path.join(folder, f"exit.{os.getpid()}"), "w") as f:
-            f.write(f"{time.time():.6f} {EXIT_CODE}\n")
+            f.write(f"{time.time():.6f} {code}\n")
