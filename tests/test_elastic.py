@@ -197,6 +197,38 @@ def test_grow_two_to_three_through_discovery(tmp_path: Path) -> None:
 
 
 @needs_ulfm
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("start", [2, 3])
+def test_torch_buckets_grow_and_shrink(tmp_path: Path, start: int) -> None:
+    """Seed 004's structure with its DistributedOptimizer's gradients in several buckets (the first smaller):
+    from 2 workers the discovery script adds a third (2 -> 3), then a worker is SIGKILLed (3 -> 2); from 3 the
+    kill comes first. The world sizes per step are as scheduled and the final weights equal on every rank."""
+    hosts = tmp_path / "hosts.txt"
+    # From 3: the killed worker's host (127.0.0.1) is excluded after the failure, localhost's two go on.
+    hosts.write_text("localhost:2\n" if start == 2 else "localhost:2\n127.0.0.1:1\n")
+    disc = tmp_path / "discover.sh"
+    disc.write_text(f"#!/bin/sh\ncat {hosts}\n")
+    disc.chmod(0o755)
+    env = {"EPOCHS": "3", "BATCHES": "12", "STEP_SLEEP": "0.1", "HORO_FIRST_BUCKET_BYTES": "256",
+           "HORO_BUCKET_BYTES": "1024"}
+    if start == 2:
+        env["ELASTIC_GROW"] = f"0:3:{hosts}:localhost:2\\n127.0.0.1:1"
+        env["ELASTIC_KILLS"] = "2:2:2:1"  # rank 2 (the new worker), in the world after the growth
+    else:
+        env["ELASTIC_KILLS"] = "1:2:2:0"
+    job = run_elastic(tmp_path, "torch_train.py", ["-np", str(start), "--min-np", "2", "--max-np", "3",
+                                                   "--host-discovery-script", str(disc)], env, timeout=260)
+    assert job.rc == 0, _show(job)
+    ranks = job.by_rank()
+    assert sorted(ranks) == [0, 1], _show(job)
+    assert ranks[0]["weights"] == ranks[1]["weights"], _show(job)
+    sizes = [n for _e, _b, n, _c in ranks[0]["steps"]]
+    changes = [n for i, n in enumerate(sizes) if i == 0 or sizes[i - 1] != n]
+    assert changes == ([2, 3, 2] if start == 2 else [3, 2]), sizes
+    assert "stall" not in job.out, _show(job)
+
+
+@needs_ulfm
 @pytest.mark.timeout(240)
 def test_elastic_sampler_covers_each_sample_once_across_a_reset(tmp_path: Path) -> None:
     """144 samples, 3 ranks; rank 1 dies at batch 5 of epoch 0: the committed batches of all ranks (the dead
