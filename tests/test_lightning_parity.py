@@ -103,3 +103,23 @@ def test_horo_as_ddp(package: str, n: int, launches: tuple[str, ...], tmp_path: 
             assert f["kept_same"] and g["kept_same"], where
             assert f["reduce"] == g["reduce"] == [n * (n + 1) / 2, True], where
             assert _close(f["state"], g["state"]) < 1e-5, where
+
+
+def test_ddp_timeout_is_the_stall_limit(monkeypatch: pytest.MonkeyPatch) -> None:
+    """DDP's ``timeout`` becomes ``HORO_STALL_SHUTDOWN_TIME_SECONDS`` when the strategy is made before horo starts
+    (as in a script: horo reads it when it starts, on rank 0, for every rank)."""
+    pytest.importorskip("lightning")
+    import datetime
+
+    import horo
+    from horo.lightning import HoroFabricStrategy, HoroStrategy
+
+    if horo.is_initialized():  # pragma: no cover - this process never starts horo itself
+        pytest.skip("horo already started in this process")
+    monkeypatch.setenv("HORO_STALL_SHUTDOWN_TIME_SECONDS", "0")  # restored afterwards
+    HoroStrategy(timeout=datetime.timedelta(minutes=3))
+    assert os.environ["HORO_STALL_SHUTDOWN_TIME_SECONDS"] == "180.0"
+    HoroFabricStrategy(timeout=datetime.timedelta(seconds=45))
+    assert os.environ["HORO_STALL_SHUTDOWN_TIME_SECONDS"] == "45.0"
+    with pytest.raises(ValueError, match="timeout must be a positive datetime.timedelta"):
+        HoroStrategy(timeout=30)

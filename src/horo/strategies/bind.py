@@ -73,7 +73,7 @@ def classes(package: str) -> Bound:
     trainer, fabric = PACKAGES[package]
 
     def mod(name: str) -> Any:
-        return importlib.import_module(name)
+        return importlib.import_module(name)  # lazy: the package named, which may be either Lightning
 
     b = Bound(package)
     b.TrainerFn = mod(f"{trainer}.trainer.states").TrainerFn
@@ -98,10 +98,10 @@ def register(package: str) -> Bound:
     """Put ``"horo"`` into ``package``'s Trainer and Fabric strategy registries (once)."""
     b = classes(package)
     trainer, fabric = PACKAGES[package]
-    registry = importlib.import_module(f"{trainer}.strategies").StrategyRegistry
+    registry = importlib.import_module(f"{trainer}.strategies").StrategyRegistry  # lazy: the package named
     if b.HoroStrategy.strategy_name not in registry:
         b.HoroStrategy.register_strategies(registry)
-    fabric_registry = importlib.import_module(f"{fabric}.strategies").STRATEGY_REGISTRY
+    fabric_registry = importlib.import_module(f"{fabric}.strategies").STRATEGY_REGISTRY  # lazy: the package named
     if b.HoroFabricStrategy.strategy_name not in fabric_registry:
         b.HoroFabricStrategy.register_strategies(fabric_registry)
     return b

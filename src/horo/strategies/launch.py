@@ -111,7 +111,7 @@ def spawn(nprocs: int) -> None:
 
     mpi_env.start(MPI)
     argv = list(getattr(sys, "orig_argv", [sys.executable, *sys.argv]))[1:]
-    sys.stderr.write(f"horo: starting {nprocs - 1} more ranks (this process is rank 0): "
+    sys.stderr.write(f"horo: starting {nprocs - 1} more rank{'s' if nprocs > 2 else ''} (this process is rank 0): "
                      f"{sys.executable} {' '.join(argv)}\n")
     sys.stderr.flush()
     info = MPI.Info.Create()
