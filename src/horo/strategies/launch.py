@@ -9,6 +9,7 @@ launcher and the launching process waits for them.
 from __future__ import annotations
 
 import importlib.util
+import multiprocessing
 import os
 import signal
 import subprocess
@@ -125,7 +126,8 @@ def spawn(nprocs: int) -> None:
 def join_parent() -> bool:
     """In a rank a self-launch spawned: join the launching process's world now (horo's ranks are then known
     before the Trainer exists). True if this process is such a rank."""
-    if os.environ.get("HORO_SELF_LAUNCHED") != _SPAWNED:
+    # A worker process of this rank (a DataLoader's, started by "spawn") imports the script again: not a rank.
+    if os.environ.get("HORO_SELF_LAUNCHED") != _SPAWNED or multiprocessing.parent_process() is not None:
         return False
     if not core.is_initialized():
         core.init()  # the parent waits in its merge for this
