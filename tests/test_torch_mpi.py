@@ -98,3 +98,17 @@ def test_fabric_example_starts_its_own_ranks(tmp_path: Path) -> None:
     assert sorted(r for r, _ in sums) == ["0", "1", "2"] and len({s for _, s in sums}) == 1, out[-8000:]
     assert out.count("val_acc=") == 1, out[-8000:]  # printed by rank 0 only
     assert [p.name for p in (tmp_path / "ckpt").iterdir()] == ["fabric_train.ckpt"]
+
+
+@pytest.mark.mpi
+@pytest.mark.timeout(EXAMPLE_TIMEOUT + 30)
+def test_a_ranks_uncaught_error_is_shown_under_torch_distributed(tmp_path: Path) -> None:
+    """torch.distributed's excepthook (installed with a default group, as the Lightning strategies make one) wraps
+    horo's with a buffer for stderr; the traceback must still reach the output before horo aborts the job."""
+    mpiexec = find_mpiexec()
+    assert mpiexec is not None
+    code = ("import horo.torch as hvd\nhvd.init()\nhvd.init_process_group()\n"
+            "if hvd.rank() == 1:\n    raise RuntimeError('raised on rank 1 on purpose')\nhvd.barrier()\n")
+    rc, out = _run([mpiexec, "-n", "2", sys.executable, "-c", code], tmp_path)
+    assert rc != 0, out[-8000:]
+    assert "RuntimeError: raised on rank 1 on purpose" in out and "raised an uncaught RuntimeError" in out, out[-8000:]
