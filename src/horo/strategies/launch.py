@@ -2,8 +2,9 @@
 
 On one node the launching process becomes rank 0 and MPI spawns the N - 1 others (``MPI_Comm_spawn``, then
 one world of them all), as DDP's launcher makes its process rank 0: the code before ``Trainer()`` runs N times.
-Across nodes, or with ``HORO_LAUNCHER=hororun`` (or ``mpiexec``), the script runs again on N ranks through that
-launcher and the launching process waits for them.
+Across nodes, inside a SLURM allocation (whose nodes hororun places the ranks on; Open MPI 5 spawns on one host
+only), or with ``HORO_LAUNCHER=hororun`` (or ``mpiexec``), the script runs again on N ranks through that launcher
+and the launching process waits for them.
 """
 
 from __future__ import annotations
@@ -78,13 +79,14 @@ def _refuse_interactive(nprocs: int) -> None:
 
 def start_ranks(nprocs: int, num_nodes: int = 1) -> None:
     """Outside MPI, make this script ``nprocs`` ranks: returns in this process as rank 0 of them (one node), or
-    never (across nodes, or ``HORO_LAUNCHER`` set to ``hororun``/``mpiexec``: see ``relaunch``)."""
+    never (across nodes, in a SLURM allocation, or ``HORO_LAUNCHER`` set to ``hororun``/``mpiexec``: see
+    ``relaunch``)."""
     _refuse_interactive(nprocs)
     how = os.environ.get("HORO_LAUNCHER", _SPAWNED)
     if how not in (_SPAWNED, "hororun", "mpiexec"):
         raise ValueError(f"HORO_LAUNCHER must be spawn, hororun or mpiexec. Received: HORO_LAUNCHER={how!r}. "
                          "HINT: unset it (spawn: this process becomes rank 0).")
-    if num_nodes > 1 or how != _SPAWNED:
+    if num_nodes > 1 or how != _SPAWNED or allocation():
         relaunch(nprocs)
     spawn(nprocs)
 
