@@ -178,3 +178,44 @@ def test_async_named_shape_mismatch(hvd, world, rank):
 
     agree(_check)
     _still_works(hvd)
+
+
+def _wait_async(hvd, name: str):
+    return hvd.synchronize(hvd.allreduce_async(np.ones(2), name=name))
+
+
+# Ranks that wait in different collectives, one through horo's engine (an asynchronous op waited for) and
+# the others through the synchronous agreement, or each through the engine with different names: nothing of
+# either kind can complete, and every rank raises. Rank 0 takes the first path, the others the second.
+CROSS_PATHS = {
+    "engine op vs agreement": (lambda hvd: _wait_async(hvd, "cross.async"),
+                               lambda hvd: hvd.allreduce(np.ones(2), name="cross.sync")),
+    "agreement vs engine op": (lambda hvd: hvd.allreduce(np.ones(2), name="cross.sync"),
+                               lambda hvd: _wait_async(hvd, "cross.async")),
+    "agreement vs barrier": (lambda hvd: hvd.allreduce(np.ones(2), name="cross.sync"),
+                             lambda hvd: hvd.barrier()),
+    "object collective vs engine op": (lambda hvd: hvd.allgather_object({"a": 1}, name="cross.object"),
+                                       lambda hvd: _wait_async(hvd, "cross.async")),
+    "engine op vs object collective": (lambda hvd: _wait_async(hvd, "cross.async"),
+                                       lambda hvd: hvd.broadcast_object({"a": 1}, 0, name="cross.object")),
+    "engine op vs engine op": (lambda hvd: _wait_async(hvd, "cross.async.a"),
+                               lambda hvd: _wait_async(hvd, "cross.async.b")),
+}
+
+
+@pytest.mark.parametrize("paths", list(CROSS_PATHS), ids=list(CROSS_PATHS))
+def test_ranks_waiting_in_different_paths_raise_everywhere(hvd, world, rank, paths):
+    first, second = CROSS_PATHS[paths]
+    sync_comm().Barrier()
+    _, exc, elapsed = outcome(lambda: (first if rank == 0 else second)(hvd))
+    names = {"cross.async", "cross.sync", "cross.object", "cross.async.a", "cross.async.b", "barrier"}
+
+    def _check():
+        assert isinstance(exc, hvd.MismatchError), f"got {type(exc).__name__}: {exc}"
+        assert elapsed < LIMIT_S, f"MismatchError took {elapsed:.2f} s (limit {LIMIT_S} s)"
+        msg = str(exc)
+        for r in range(world):  # each rank's collective is named on its line
+            assert any(_mentions(msg, r, n) for n in names), f"rank {r}'s collective not named in: {msg}"
+
+    agree(_check)
+    _still_works(hvd)

@@ -657,11 +657,13 @@ def test_a_synchronous_call_beside_pending_async_work_does_not_stall_across_host
     assert len(re.findall(r"rank \d: done 100 steps", out)) == 4, out[-6000:]
 
 
-@pytest.mark.slow  # two jobs of 110 engine steps on 4 ranks across the bed, ~1 minute (make test-slow)
+@pytest.mark.slow  # two jobs of ~250 engine steps on 4 ranks across the bed, a few minutes (make test-slow)
 def test_autotune_tunes_the_hierarchical_paths_across_hosts(bed, tmp_path):
     # 2 hosts x 2 ranks: the hierarchical allreduce/allgather are on/off knobs here (on one host they are
-    # held fixed). Every rank must switch at the same engine round, and the results (integer-valued floats,
-    # exact in any order) must equal an untuned run's bit for bit.
+    # held fixed). Every rank must switch at the same engine round and end tuning at the same round with the
+    # same knobs, and the results (integer-valued floats, exact in any order) must equal an untuned run's bit
+    # for bit. The tuned job runs until tuning ends, within the tuner's own step budget, and 10 steps more;
+    # the untuned one runs as many steps.
     pytest.importorskip("sklearn")
     import csv
 
@@ -673,11 +675,15 @@ def test_autotune_tunes_the_hierarchical_paths_across_hosts(bed, tmp_path):
            "HORO_AUTOTUNE_BAYES_OPT_MAX_SAMPLES": "6"}
     layout = ["-np", "4", "-H", "node1:2,node2:2"]
     rc, out, _ = hororun(bed, [*layout, "--autotune", "--autotune-log-file", str(log), sys.executable, script,
-                               str(tuned_out), "--steps", "110"], timeout=300, env_extra=env)
+                               str(tuned_out), "--after", "10"], timeout=600, env_extra=env)
     assert rc == 0, out[-6000:]
-    rc, out, _ = hororun(bed, [*layout, sys.executable, script, str(plain_out), "--steps", "110"], timeout=300)
+    tuned = json.loads(tuned_out.read_text())
+    assert tuned[0]["frozen_at"] is not None, f"tuning did not end within its budget of {tuned[0]['budget']} steps"
+    steps = tuned[0]["steps"]
+    assert all(r["frozen_at"] == tuned[0]["frozen_at"] and r["steps"] == steps for r in tuned), tuned
+    rc, out, _ = hororun(bed, [*layout, sys.executable, script, str(plain_out), "--steps", str(steps)], timeout=600)
     assert rc == 0, out[-6000:]
-    tuned, plain = json.loads(tuned_out.read_text()), json.loads(plain_out.read_text())
+    plain = json.loads(plain_out.read_text())
     logs = [r["knob_log"] for r in tuned]
     assert all(lg == logs[0] for lg in logs), logs
     assert any(k["hierarchical_allreduce"] for _, k in logs[0]), logs[0]  # really switched, everywhere at once
@@ -705,3 +711,36 @@ def test_submit_then_synchronize_across_hosts_leaves_the_engine_thread_asleep(be
         bound = 2 * float(seconds) / _HELP_GRACE_S + 10
         assert int(wakes) <= min(bound, int(ops) / 2), \
             f"rank {rank}: {wakes} wakes in {ops} ops, {seconds} s (rounds: caller {caller}, engine {engine})"
+
+
+def test_torchrun_across_two_hosts_joins_one_world(bed, tmp_path):
+    # torchrun --nnodes 2 on node1 and node2, its rendezvous on node1: the four processes it starts join one
+    # horo world over MPI (core.transport.adopt), ranks as torchrun's, Open MPI's daemon on node2 started
+    # through node2's local rank 0 process.
+    out = tmp_path / "out"
+    out.mkdir()
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OMPI_", "PMIX_", "PRTE_", "HORO_"))}
+    env.update(PYTHONPATH=str(REPO / "src"), OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    procs = []
+    for node_rank, host in enumerate(["node1", "node2"]):
+        argv = exec_argv(bed, host, [sys.executable, "-m", "torch.distributed.run", "--nnodes=2",
+                                     "--nproc_per_node=2", f"--node_rank={node_rank}", "--master_addr=node1",
+                                     "--master_port=29500", str(REPO / "tests" / "join_apps" / "torch_train.py"),
+                                     str(out)], cwd=str(tmp_path))
+        procs.append(subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                      errors="replace", start_new_session=True))
+    texts = []
+    for p in procs:
+        try:
+            texts.append(p.communicate(timeout=240)[0])
+        except subprocess.TimeoutExpired:
+            for q in procs:
+                os.killpg(q.pid, 9)
+            pytest.fail("torchrun across the bed ran past 240 s")
+    assert all(p.returncode == 0 for p in procs), "\n".join(t[-4000:] for t in texts)
+    records = sorted((json.loads(p.read_text()) for p in out.glob("rank*.json")), key=lambda r: r["rank"])
+    assert [r["rank"] for r in records] == [0, 1, 2, 3], texts
+    for r in records:
+        assert r["size"] == 4 and r["rank"] == r["launcher_rank"] and r["pid"] == r["pid_before"], r
+        assert (r["local_rank"], r["local_size"], r["cross_size"]) == (r["rank"] % 2, 2, 2), r
+    assert len({json.dumps(r["weights"]) for r in records}) == 1

@@ -1,13 +1,14 @@
 """A small gradient set through the engine while autotune changes its settings underneath.
 
-    autotune_job.py OUT.json [--steps N]
+    autotune_job.py OUT.json [--steps N | --after M]
 
 Each step every rank allreduces 12 named tensors (2.9 MiB; odd ranks submit in the opposite order). At 2
 ranks the data are random floats (a + b is exact in any order); at 3 or more, random integers stored as
 float32, so any correct sum is exact whatever the fusion, chunking or MPI algorithm. The script runs N
-steps, noting after which step tuning had frozen (checked collectively after every step), and writes,
-from rank 0, every rank's record of which setting it applied at which engine round, a digest of
-every result, and rank 0's trials.
+steps, or, with ``--after M``, until tuning has frozen and M steps more, for at most the tuner's own step
+budget (``Manager.step_budget``) plus M. It notes after which step tuning had frozen (checked collectively
+after every step), and writes, from rank 0, every rank's record of which setting it applied at which engine
+round, a digest of every result, and rank 0's trials.
 """
 
 import argparse
@@ -26,7 +27,8 @@ SHAPES = [(1000,), (256, 256), (512, 1024), (64,), (300, 300), (7,), (128, 128, 
 
 p = argparse.ArgumentParser()
 p.add_argument("out")
-p.add_argument("--steps", type=int, default=120)
+p.add_argument("--steps", type=int, default=None)
+p.add_argument("--after", type=int, default=None)
 args = p.parse_args()
 
 horo.init()
@@ -60,13 +62,23 @@ def step(i: int) -> None:
 
 frozen_at = None
 log_len_at_freeze = None
-for steps in range(1, args.steps + 1):
+budget = None
+if args.after is not None:
+    step(1)  # the tuner has seen a step: its search is the one it keeps
+    budget = horo.broadcast_object(engine.tuner.step_budget() if engine.tuner is not None else 0, 0,
+                                   name="budget")
+last = args.steps if args.after is None else budget + args.after
+steps = 1 if args.after is not None else 0
+while steps < last:
+    steps += 1
     step(steps)
     # Through horo, not raw mpi4py: a raw blocking call here, with the engine thread polling beside it, is
     # the pattern that stalls Open MPI's TCP transport for seconds across hosts (docs/multihost.md).
     if frozen_at is None and horo.allreduce(np.array([int(not engine.tuning)]), name="frozen", op=horo.Max)[0]:
         frozen_at = steps
         log_len_at_freeze = len(engine.knob_log)
+        if args.after is not None:
+            last = steps + args.after
 
 record = {
     "rank": rank,
@@ -76,6 +88,7 @@ record = {
     "frozen_at": frozen_at,
     "log_len_at_freeze": log_len_at_freeze,
     "steps": steps,
+    "budget": budget,
     "digest": digest.hexdigest(),
     "max_err": max_err,
 }

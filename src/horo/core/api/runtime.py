@@ -21,7 +21,7 @@ from ..scheduling.autotune import explicit_knobs
 from ..scheduling.autotune import setup as autotune_setup
 from ..scheduling.engine import Engine
 from ..scheduling.negotiation import agree
-from ..transport import mpi_env, mpi_ops, nccl
+from ..transport import adopt, mpi_env, mpi_ops, nccl
 from ..transport.comms import connect_pairs, duplicate, singleton_segments
 from .process_sets import ProcessSet, add_process_set, global_process_set, initial_sets, release, sets_arg
 
@@ -50,6 +50,8 @@ def init(comm: Any = None, process_sets: Sequence[ProcessSet] | str | None = Non
     if state.initialized:
         return
     sets = sets_arg(process_sets)
+    if comm is None:
+        _join_described_world()
     mpi_env.before_init()  # Open MPI reads it in MPI_Init, which this import may run
     from mpi4py import MPI
 
@@ -122,6 +124,17 @@ def init(comm: Any = None, process_sets: Sequence[ProcessSet] | str | None = Non
             atexit.register(_unlink, segments)  # runs after the shut-down below: the last registered runs first
         atexit.register(_shutdown_at_exit)
         _atexit_registered = True
+
+
+def _join_described_world() -> None:
+    """A process that torchrun (or horo.ray, horo.spark, ...) started as one of N joins the world of N
+    (transport.adopt) before MPI starts; never a silent world of one."""
+    described = adopt.described()
+    if described is None:
+        return
+    if os.environ.get("HORO_JOIN", "1").strip() in ("0", "off", "false"):
+        raise adopt.refusal(described, "joining is turned off (HORO_JOIN=0)")
+    adopt.join(described)
 
 
 #: Communicators of former worlds. Never freed: ``MPI_Comm_free`` on a comm with dead members may wait on them.

@@ -151,10 +151,19 @@ def poll(handle: int) -> bool:
 def _wait(handle: int) -> Request:
     req = get(handle)
     eng = req.engine
-    if eng is not None:
-        eng.help(req)
-    if not req.done.flag:
+    if req.done.flag:
+        return req
+    if eng is None:
         _block(req, eng)
+        return req
+    me = threading.get_ident()
+    eng.waiting.add(me)  # the rounds say so to the other ranks (WAITING: engine/diverge.py)
+    try:
+        eng.help(req)
+        if not req.done.flag:
+            _block(req, eng)
+    finally:
+        eng.waiting.discard(me)
     return req
 
 

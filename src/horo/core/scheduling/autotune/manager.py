@@ -74,6 +74,15 @@ class Manager:
             csv.writer(self._log).writerow(LOG_COLUMNS)
             self._log.flush()
 
+    def step_budget(self) -> int:
+        """The most steps (each tensor name once per step) tuning can take before it freezes a setting, from
+        the search's trial count and the sampling settings: what a job must run to see tuning end."""
+        sps = self.options.steps_per_sample
+        # A sample ends when a name comes round for the (sps + 1)-th time; a new setting takes effect a round
+        # later; the first trial restarts once, when the layout shows gradient buckets.
+        per_trial = (self.options.warmup_samples + SAMPLES_PER_TRIAL) * (sps + 1) + 2
+        return (self.search.max_trials() + 1) * per_trial
+
     # ---- called by the engine thread ---------------------------------------------------------------
     def applied(self) -> None:
         """``current`` is now in effect on every rank: start sampling it."""

@@ -177,6 +177,12 @@ class Search:
     def first(self) -> Knobs:
         return self.points[0]
 
+    def max_trials(self) -> int:
+        """The most trials this search can run: the continuous search, one flip per on/off knob, the run-off and
+        the final check."""
+        continuous = max(len(self.points), self.max_samples) if self.dims else 1
+        return continuous + len(self.categorical) + FINALISTS * CONFIRM_ROUNDS + 2 * FINAL_ROUNDS
+
     def _knobs(self, unit: Mapping[str, float], base: Knobs | None = None) -> Knobs:
         kw: dict[str, Any] = {}
         for k, u in unit.items():

@@ -38,6 +38,7 @@ from .. import pieces
 from ..autotune.settings import Knobs
 from ..negotiation import Signature
 from ..request import Request
+from .diverge import Divergence
 from .execute import Execution
 from .matching import Matching
 from .peers import Peers
@@ -59,7 +60,7 @@ _MIN_TICK_ACROSS_HOSTS_S = 0.01
 _HELP_GRACE_S = 5e-3
 
 
-class Engine(Waiting, Rounds, Matching, Execution, Peers, Stalls, Tuning):
+class Engine(Waiting, Rounds, Matching, Execution, Peers, Stalls, Divergence, Tuning):
     """The per-process-set background thread; see the module docstring."""
 
     def __init__(self, comm: Any, ranks: list[int], autotune: bool = False, tuner: Any = None) -> None:
@@ -104,6 +105,12 @@ class Engine(Waiting, Rounds, Matching, Execution, Peers, Stalls, Tuning):
         self.first_round: dict[str, dict[int, int]] = {}
         self.warned: set[str] = set()
         self.stall_flag = False
+        # Callers' threads inside synchronize() (set.add/discard: no lock on the hot path); see diverge.py.
+        self.waiting: set[int] = set()
+        self.diverge_seen: tuple | None = None  # rank 0: the waiting picture, since when, and its verdict
+        self.diverge_since = 0.0
+        self.diverge_flag = False
+        self.partial_old = False  # some name has waited on some ranks only for a while (stalls.py)
         self.round_no = 0
         self.late_now: list[int] = []  # ranks that entered the current round >1 ms after the first
         self.shutdown_requested = False

@@ -5,10 +5,12 @@ from __future__ import annotations
 from ...base.state import state
 from ..negotiation import BLOCKED
 
-__all__ = ["BLOCKED_SHIFT", "HDR", "JOINED", "LEAVING", "SEQ_SHIFT", "SHUTDOWN", "STALLED", "TUNE", "TUNED",
-           "UNCACHED", "blocked_word", "mask_words", "set_bits"]
+__all__ = ["BLOCKED_SHIFT", "DIVERGED", "HDR", "JOINED", "LEAVING", "SEQ_SHIFT", "SHUTDOWN", "STALLED", "TUNE",
+           "TUNED", "UNCACHED", "WAITING", "blocked_word", "mask_words", "set_bits"]
 
 SHUTDOWN, UNCACHED, STALLED, JOINED, LEAVING, TUNED = 1, 2, 4, 8, 16, 32
+# A caller of this rank waits in synchronize(); rank 0 saw ranks wait for each other (diverge.py).
+WAITING, DIVERGED = 64, 128
 # Flags bits 8-23: 1 + id of the process set whose agreement this rank's caller waits in (0: none); bits 24-55:
 # that agreement's sequence number, so the same wait seen in two rounds is known to be one wait.
 BLOCKED_SHIFT, SEQ_SHIFT = 8, 24

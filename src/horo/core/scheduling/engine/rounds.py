@@ -18,6 +18,7 @@ from .. import pieces
 from ..negotiation import BLOCKED, Signature, format_mismatch
 from ..request import Request
 from .header import (
+    DIVERGED,
     HDR,
     JOINED,
     LEAVING,
@@ -26,6 +27,7 @@ from .header import (
     TUNE,
     TUNED,
     UNCACHED,
+    WAITING,
     blocked_word,
     mask_words,
 )
@@ -43,8 +45,10 @@ class Rounds:
             stirs = self.stirs  # what happens from now on is news to this round's wait
         self.round_no += 1
         self.last_round = time.monotonic()
+        # The short path sends no WAITING: it is left while names wait long on some ranks only (diverge.py).
         if (len(snapshot) == 1 and not shutting and not self.tuning and not self.joined and not self.stall_flag
-                and not state.leaving and BLOCKED.comm is None and not timeline.active and self.hierarchical is None):
+                and not state.leaving and BLOCKED.comm is None and not timeline.active and self.hierarchical is None
+                and not self.partial_old):
             req = snapshot[0]
             bit = self.cache.get(req.name)
             if bit is not None and self.cache_sigs[bit] == req.sig:
@@ -106,8 +110,10 @@ class Rounds:
         flags = ((SHUTDOWN if shutting else 0) | (UNCACHED if uncached else 0)
                  | (STALLED if self.stall_flag else 0) | (JOINED if self.joined else 0)
                  | (LEAVING if state.leaving else 0) | blocked_word()
+                 | (WAITING if self.waiting else 0) | (DIVERGED if self.diverge_flag else 0)
                  | (TUNED if tune and self.tuner is not None and self.tuner.done else 0))
         # Wall clock: comparable across nodes, enough for "who was late"; bit 0 is rank 0's choice (``pick``).
+        self.diverge_flag = False
         head = [flags, int(time.time() * 1e6) & ~1 | self.pick.propose()]
         if tune:
             k = self.tuner.current if self.tuner is not None else None
@@ -129,7 +135,7 @@ class Rounds:
             first = min(entered)
             self.late_now = [self.ranks[r] for r, e in enumerate(entered) if e > first + 1000]
         gathered = None
-        if any_flag:  # the steady state has no flag set on any rank
+        if any_flag & ~(WAITING | DIVERGED):  # the steady state has no flag set on any rank
             gathered = self._flagged(flags, any_flag, uncached)
         elif self.absent:
             self.absent = set()
@@ -152,6 +158,8 @@ class Rounds:
         if tune:  # after the whole round ran under the old setting, on every rank alike
             self._retune(recv[0, HDR:HDR + TUNE], bool(flags[0] & TUNED))
         self._inspect(partial)
+        if partial or any_flag & DIVERGED or self.diverge_seen is not None:
+            self._divergence(flags, partial, bool(ready))
         if any_flag & SHUTDOWN and not ready and all(f & SHUTDOWN for f in flags):
             if self.pending:
                 self.fail_all(HoroError(

@@ -7,12 +7,17 @@ import time
 
 __all__ = ["Stalls"]
 
+# A name waiting on some ranks this long is no longer a rank merely late by a round: rounds then announce who
+# waits (the short path of rounds.py does not), for diverge.py, which needs the same picture for longer.
+_OLD_S = 0.1
+
 
 class Stalls:
     """Mixin of :class:`Engine`: the per-name records of who waits since when, and the messages."""
 
     def _inspect(self, partial: dict[str, set[int]]) -> None:
         self._partial = partial
+        self.partial_old = False
         if not partial and not self.first_seen and not self.warned and not self.first_round:
             return  # nothing waits: the steady state of every round that runs all it gathered
         # Forget the names no longer waiting: they ran (the timeline has read first_round), mismatched or failed.
@@ -26,6 +31,7 @@ class Stalls:
             for r in present:
                 seen.setdefault(r, self.round_no)
             age = now - self.first_seen.setdefault(name, now)
+            self.partial_old = self.partial_old or age >= _OLD_S
             if age >= self.stall_check_s and name not in self.warned:
                 self.warned.add(name)
                 if self.me == 0:
