@@ -21,7 +21,7 @@ from ..torch.exchange import GradientExchange
 from ..torch.state import broadcast_parameters
 from .buffers import BufferSync
 from .common import HoroCommon
-from .launch import start_ranks, started_by_mpi
+from .launch import start_ranks, started_by_mpi, started_with_ranks
 
 __all__ = ["HoroFabricStrategyImpl", "NoBackwardSyncImpl", "SelfLaunchImpl"]
 
@@ -98,7 +98,7 @@ class HoroFabricStrategyImpl(HoroCommon):
     @override
     def _configure_launcher(self) -> None:
         requested = len(self.parallel_devices or ())
-        if not core.is_initialized() and not started_by_mpi() and requested > 1:
+        if not core.is_initialized() and not started_with_ranks() and requested > 1:
             self._launcher = self._lightning.SelfLaunch(requested)
         else:
             self._launcher = None  # the ranks exist already

@@ -22,12 +22,18 @@ from horo.run.slurm import allocation
 
 from .. import core
 from .._launcher import launcher_rank, started_by_mpi
-from ..core.transport import mpi_env
+from ..core.transport import adopt, mpi_env
 
 __all__ = ["check_nodes", "join_parent", "launcher_rank", "relaunch", "relaunch_command", "spawn", "start_ranks",
-           "started_by_mpi"]
+           "started_by_mpi", "started_with_ranks"]
 
 _SPAWNED = "spawn"  # HORO_SELF_LAUNCHED's value in the ranks a self-launch spawned
+
+
+def started_with_ranks() -> bool:
+    """True where a launcher started this process as one rank of several: an MPI launcher, or one that describes
+    its world (torchrun's ``WORLD_SIZE``/``RANK``, which ``horo.init()`` joins): nothing to start then."""
+    return started_by_mpi() or adopt.described() is not None
 
 
 def check_nodes(num_nodes: int, devices: int) -> None:

@@ -24,7 +24,7 @@ from ..torch.optimizer import _DistributedOptimizer
 from ..torch.state import broadcast_parameters
 from .buffers import BufferSync
 from .common import HoroCommon
-from .launch import check_nodes, start_ranks, started_by_mpi
+from .launch import check_nodes, start_ranks, started_by_mpi, started_with_ranks
 
 __all__ = ["HoroStrategyImpl"]
 
@@ -86,7 +86,7 @@ class HoroStrategyImpl(HoroCommon):
     @override
     def _configure_launcher(self) -> None:
         requested = len(self.parallel_devices or ())
-        if not core.is_initialized() and not started_by_mpi() and requested * self.num_nodes > 1:
+        if not core.is_initialized() and not started_with_ranks() and requested * self.num_nodes > 1:
             check_nodes(self.num_nodes, requested)
             start_ranks(requested * self.num_nodes, self.num_nodes)  # returns as rank 0, or never (relaunch)
         self._init_horo()
