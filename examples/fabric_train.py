@@ -2,7 +2,7 @@
 
 Run either way (both give 2 ranks):
     hororun -np 2 python examples/fabric_train.py
-    python examples/fabric_train.py --devices 2     # fabric.launch() starts the ranks itself
+    python examples/fabric_train.py --devices 2     # fabric.launch(): this process becomes rank 0, starts the other
 
 The data are generated offline (one noisy Gaussian blob per class). Each rank trains on its shard
 (``fabric.setup_dataloaders`` adds a DistributedSampler), gradients are averaged by horo while
@@ -17,9 +17,9 @@ import argparse
 import os
 import tempfile
 
+import lightning as L
 import torch
 import torch.nn.functional as F
-from lightning_fabric import Fabric
 from torch.utils.data import DataLoader, TensorDataset
 from torchmetrics.classification import MulticlassAccuracy
 
@@ -46,7 +46,7 @@ def main() -> None:
     args = parser.parse_args()
 
     torch.set_num_threads(1)
-    fabric = Fabric(strategy="horo", accelerator=args.accelerator, devices=args.devices)
+    fabric = L.Fabric(strategy="horo", accelerator=args.accelerator, devices=args.devices)
     fabric.launch()
     fabric.seed_everything(42, verbose=False)
 

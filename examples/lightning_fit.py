@@ -1,8 +1,8 @@
-"""Train a small classifier with PyTorch Lightning on 2 MPI ranks through horo.
+"""Train a small classifier with Lightning (``import lightning as L``) on 2 MPI ranks through horo.
 
 Run either way (both give 2 ranks):
     hororun -np 2 python examples/lightning_fit.py
-    python examples/lightning_fit.py --devices 2     # HoroStrategy starts the ranks itself
+    python examples/lightning_fit.py --devices 2     # this process becomes rank 0 and starts the other
 In a SLURM allocation of 2 nodes x 2 tasks: `hororun -np 4 python examples/lightning_fit.py`, `srun --mpi=pmix
 python examples/lightning_fit.py`, or `python examples/lightning_fit.py --devices 2 --num-nodes 2`.
 
@@ -18,10 +18,10 @@ import os
 import socket
 import tempfile
 
-import pytorch_lightning as pl
+import lightning as L
 import torch
 import torch.nn.functional as F
-from pytorch_lightning.callbacks import EarlyStopping, ModelCheckpoint
+from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint
 from torch.utils.data import DataLoader, TensorDataset
 
 import horo.lightning  # noqa: F401  - registers Trainer(strategy="horo")
@@ -36,7 +36,7 @@ def make_data(n: int, seed: int) -> TensorDataset:
     return TensorDataset(x, y)
 
 
-class Classifier(pl.LightningModule):
+class Classifier(L.LightningModule):
     def __init__(self, lr: float = 0.05) -> None:
         super().__init__()
         self.save_hyperparameters()
@@ -80,13 +80,13 @@ def main() -> None:
     args = parser.parse_args()
 
     torch.set_num_threads(1)
-    pl.seed_everything(42, verbose=False)
+    L.seed_everything(42, verbose=False)
     train, val, test = make_data(1024, 1), make_data(512, 2), make_data(512, 3)
 
     def loader(ds: TensorDataset, shuffle: bool) -> DataLoader:
         return DataLoader(ds, batch_size=args.batch_size, shuffle=shuffle)
 
-    trainer = pl.Trainer(
+    trainer = L.Trainer(
         strategy="horo", accelerator=args.accelerator, devices=args.devices, num_nodes=args.num_nodes,
         precision=args.precision,
         max_epochs=args.epochs, default_root_dir=args.root_dir, logger=False, enable_model_summary=False,

@@ -26,7 +26,8 @@ import horo
 REPO = Path(__file__).resolve().parents[1]
 PYPROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())
 WHEEL_TIMEOUT = 900.0
-FRAMEWORKS = ("torch", "tensorflow", "tensorflow-cpu", "keras", "pytorch-lightning", "jax", "optax", "flax", "mpi4jax")
+FRAMEWORKS = ("torch", "tensorflow", "tensorflow-cpu", "keras", "lightning", "pytorch-lightning", "jax", "optax",
+              "flax", "mpi4jax")
 
 
 def _name(req: str) -> str:

@@ -245,7 +245,6 @@ def test_trainer_under_slurm_takes_horos_world_not_slurms():
     horo's view of the world (under hororun in an allocation SLURM_PROCID is the daemon's task, not the rank)."""
     pytest.importorskip("pytorch_lightning")
     code = ("import pytorch_lightning as pl, horo.lightning\n"
-            "from horo.strategies.environment import HoroEnvironment\n"
             "t = pl.Trainer(strategy='horo', accelerator='cpu', devices=1, logger=False)\n"
             "env = t.strategy.cluster_environment\n"
             "print('ENV', type(env).__name__, env.world_size(), env.global_rank(), t.world_size, t.global_rank)\n")

@@ -12,16 +12,16 @@ import argparse
 import time
 from typing import Any
 
-import pytorch_lightning as pl
+import lightning.pytorch as pl
 import torch
-from pytorch_lightning.strategies import DDPStrategy
+from lightning.pytorch.strategies import DDPStrategy
 from torch.profiler import ProfilerActivity, profile, schedule
 from torch.utils.data import DataLoader, TensorDataset
 
 import horo
 from horo.bench import models
 from horo.bench.lightning import _module
-from horo.strategies import HoroStrategy
+from horo.lightning import HoroStrategy
 
 ACTIVE = 4
 

@@ -13,12 +13,12 @@ import torch.nn.functional as F
 from torch.utils.data import DataLoader, TensorDataset
 from torch_mpi_util import agree, use_default_group
 
-pytest.importorskip("lightning_fabric")
-from lightning_fabric import Fabric  # noqa: E402
-from lightning_fabric.strategies import DDPStrategy  # noqa: E402
+pytest.importorskip("lightning.fabric")
+from lightning.fabric import Fabric  # noqa: E402
+from lightning.fabric.strategies import DDPStrategy  # noqa: E402
 
-import horo.lightning  # noqa: E402, F401
-from horo.strategies import HoroFabricStrategy  # noqa: E402
+import horo.lightning  # noqa: E402
+from horo.lightning import HoroFabricStrategy  # noqa: E402
 
 pytestmark = [pytest.mark.mpi, pytest.mark.filterwarnings("ignore::FutureWarning")]
 
@@ -56,9 +56,18 @@ def flat(model: torch.nn.Module) -> torch.Tensor:
     return torch.cat([p.detach().double().flatten() for p in model.parameters()])
 
 
-def test_registered(hvd):
-    fabric = Fabric(strategy="horo", accelerator="cpu")
-    agree(lambda: isinstance(fabric.strategy, HoroFabricStrategy) or pytest.fail(repr(fabric.strategy)))
+@pytest.mark.parametrize("package", ["lightning.fabric", "lightning_fabric"])
+def test_registered(hvd, package):
+    fabric_pkg = pytest.importorskip(package)
+    bound = horo.lightning.classes("lightning" if package == "lightning.fabric" else "pytorch_lightning")
+    cls = bound.HoroFabricStrategy
+    by_name = fabric_pkg.Fabric(strategy="horo", accelerator="cpu")
+    by_instance = fabric_pkg.Fabric(strategy=cls(bucket_cap_mb=1), accelerator="cpu")
+
+    def check():
+        assert isinstance(by_name.strategy, cls) and isinstance(by_instance.strategy, cls), repr(by_name.strategy)
+        assert cls is HoroFabricStrategy or package == "lightning_fabric"
+    agree(check)
 
 
 def test_same_weights_as_ddp(hvd, world):

@@ -1,6 +1,7 @@
-"""HoroStrategy under Lightning 2: same weights as DDP (gloo) and as one process on N x the batch, accumulation,
-clipping, precision, checkpoints, sampler sharding, manual optimization, logging and callback decisions,
-collectives, validate/test/predict, rank-zero output."""
+"""HoroStrategy under Lightning 2 (``import lightning as L``): same weights as DDP (gloo) and as one process on N x
+the batch, accumulation, clipping, precision, checkpoints, sampler sharding, manual optimization, logging and
+callback decisions, collectives, validate/test/predict, rank-zero output; registration and DDP's options in both
+Lightning packages. (tests/test_lightning_parity.py compares both packages' runs with DDP's as a user sees them.)"""
 
 from __future__ import annotations
 
@@ -13,13 +14,13 @@ import torch.nn.functional as F
 from torch.utils.data import DataLoader, TensorDataset
 from torch_mpi_util import agree, use_default_group
 
-pl = pytest.importorskip("pytorch_lightning")
-from pytorch_lightning.callbacks import EarlyStopping, ModelCheckpoint  # noqa: E402
-from pytorch_lightning.strategies import DDPStrategy  # noqa: E402
-from pytorch_lightning.utilities.rank_zero import rank_zero_only  # noqa: E402
+pl = pytest.importorskip("lightning.pytorch")
+from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint  # noqa: E402
+from lightning.pytorch.strategies import DDPStrategy  # noqa: E402
+from lightning.pytorch.utilities.rank_zero import rank_zero_only  # noqa: E402
 
-import horo.lightning  # noqa: E402, F401
-from horo.strategies import HoroStrategy  # noqa: E402
+import horo.lightning  # noqa: E402
+from horo.lightning import HoroStrategy  # noqa: E402
 
 pytestmark = pytest.mark.mpi
 
@@ -105,14 +106,20 @@ def same_everywhere(hvd, value: object) -> bool:
     return all((torch.equal(e, every[0]) if isinstance(e, torch.Tensor) else e == every[0]) for e in every)
 
 
-def test_registered_and_selected(hvd, world, rank):
-    by_name = make_trainer()
-    by_instance = make_trainer(HoroStrategy())
+@pytest.mark.parametrize("package", ["lightning", "pytorch_lightning"])
+def test_registered_and_selected(hvd, world, rank, package):
+    lightning = pytest.importorskip({"lightning": "lightning.pytorch"}.get(package, package))
+    strategy = horo.lightning.classes(package).HoroStrategy
+    kw = {"accelerator": "cpu", "logger": False, "enable_progress_bar": False, "enable_model_summary": False}
+    by_name = lightning.Trainer(strategy="horo", **kw)
+    by_instance = lightning.Trainer(strategy=strategy(bucket_cap_mb=1), **kw)
     s = by_name.strategy
 
     def check():
-        assert "horo" in pl.strategies.StrategyRegistry
-        assert isinstance(s, HoroStrategy) and isinstance(by_instance.strategy, HoroStrategy)
+        assert "horo" in lightning.strategies.StrategyRegistry
+        assert isinstance(s, strategy) and isinstance(by_instance.strategy, strategy)
+        assert isinstance(s, lightning.strategies.ParallelStrategy)
+        assert strategy is HoroStrategy or package == "pytorch_lightning"  # horo.lightning's: the unified package's
         assert (by_name.world_size, by_name.global_rank, s.is_global_zero) == (world, rank, rank == 0)
         assert s.distributed_sampler_kwargs == {"num_replicas": world, "rank": rank}
         assert rank_zero_only.rank == rank
@@ -334,4 +341,37 @@ def test_validate_test_predict_and_rank_zero_output(hvd, world, rank):
         assert bar_disabled == (rank != 0)
         assert val[0]["val_loss"] == pytest.approx(test[0]["val_loss"]) and val_same
         assert sum(rows) == N
+    agree(check)
+
+
+@pytest.mark.parametrize("package", ["lightning", "pytorch_lightning"])
+def test_ddp_options(hvd, package):
+    pytest.importorskip(package)
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+    from horo.torch import Compression
+
+    bound = horo.lightning.classes(package)
+    refused = {"static_graph": True, "process_group_backend": "gloo", "model_averaging_period": 4,
+               "ddp_comm_hook": default_hooks.allreduce_hook, "start_method": "spawn", "ddp_comm_wrapper": print}
+    made, errors = [], {}
+    for cls in (bound.HoroStrategy, bound.HoroFabricStrategy):
+        made.append(cls(bucket_cap_mb=2, broadcast_buffers=False, find_unused_parameters=False,
+                        gradient_as_bucket_view=True, ddp_comm_hook=default_hooks.bf16_compress_hook,
+                        static_graph=False, start_method="popen"))
+        for name, value in refused.items():
+            with pytest.raises(ValueError) as info:
+                cls(**{name: value})
+            errors[(cls.__name__, name)] = str(info.value)
+        with pytest.raises(TypeError, match="unexpected keyword argument 'bucket_cap'"):
+            cls(bucket_cap=25)
+        with pytest.raises(ValueError, match="ddp_comm_hook and compression"):
+            cls(ddp_comm_hook=default_hooks.fp16_compress_hook, compression=Compression.bf16)
+
+    def check():
+        for s in made:
+            assert (s._bucket_bytes, s.broadcast_buffers, s.gradient_as_bucket_view) == (2 << 20, False, True)
+            assert s._compression is Compression.bf16
+        for (_, name), msg in errors.items():
+            assert f"DDP's {name}" in msg and "HINT" in msg, msg
     agree(check)

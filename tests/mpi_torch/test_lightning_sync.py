@@ -12,9 +12,9 @@ import torch.nn.functional as F
 from torch.utils.data import DataLoader, TensorDataset
 from torch_mpi_util import agree, use_default_group
 
-pl = pytest.importorskip("pytorch_lightning")
+pl = pytest.importorskip("lightning.pytorch")
 torchmetrics = pytest.importorskip("torchmetrics")
-from pytorch_lightning.strategies import DDPStrategy  # noqa: E402
+from lightning.pytorch.strategies import DDPStrategy  # noqa: E402
 
 import horo.lightning  # noqa: E402, F401
 

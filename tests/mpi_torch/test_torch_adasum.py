@@ -120,10 +120,10 @@ def test_predivide_needs_average(hvd):
 
 
 def test_lightning_strategy_op_adasum_combines_gradients(hvd, world, rank):
-    pl = pytest.importorskip("pytorch_lightning")
+    pl = pytest.importorskip("lightning.pytorch")
     from torch.utils.data import DataLoader, TensorDataset
 
-    from horo.strategies import HoroStrategy
+    from horo.lightning import HoroStrategy
 
     class Reg(pl.LightningModule):
         def __init__(self) -> None:

@@ -216,3 +216,48 @@ def test_host_buckets_keep_the_grad_objects_and_stay_exact(hvd, rank, world):
         assert len(ex.buckets.buckets) >= 3
         assert seen == [(True, True)] * 6, seen
     agree(check)
+
+
+@pytest.mark.parametrize("bucket_bytes", [None, 0])
+def test_find_unused_leaves_none_where_no_rank_had_a_gradient(hvd, rank, world, bucket_bytes):
+    """``find_unused`` (the Lightning strategies' DDP behaviour): a parameter no rank used keeps ``grad=None``, one
+    used on some ranks gets the average with the others' zeros, in buckets (flags) and exchanged on its own
+    (a used-map); with ``grad_views=False`` a gradient kept from one step is not changed by the next."""
+    from horo.torch import GradientExchange
+
+    used, some, never = (torch.nn.Parameter(torch.zeros(6)) for _ in range(3))
+    ex = GradientExchange([("used", used), ("some", some), ("never", never)], find_unused=True, grad_views=False,
+                          bucket_bytes=bucket_bytes, first_bucket_bytes=8)
+    seen, kept = [], []
+    for step in range(4):
+        for p in (used, some, never):
+            p.grad = None
+        loss = (used * (rank + step)).sum() + ((some * (rank + 1)).sum() if rank % 2 == 0 else 0)
+        loss.backward()
+        ex.synchronize()
+        kept.append((used.grad, used.grad.clone()))
+        seen.append((used.grad.tolist(), None if some.grad is None else some.grad.tolist(), never.grad))
+    evens = [r + 1 for r in range(world) if r % 2 == 0]
+
+    def check():
+        for step, (u, s, n) in enumerate(seen):
+            assert u == pytest.approx([sum(r + step for r in range(world)) / world] * 6)
+            assert s == pytest.approx([sum(evens) / world] * 6)  # rank 0 always used it: every rank gets the average
+            assert n is None
+        assert all(torch.equal(g, copy) for g, copy in kept)
+    agree(check)
+
+
+def test_without_find_unused_a_missing_gradient_is_zeros(hvd, rank, world):
+    """Horovod's behaviour, kept by DistributedOptimizer: a parameter without a gradient gets zeros and the average."""
+    from horo.torch import GradientExchange
+
+    a, b = torch.nn.Parameter(torch.zeros(3)), torch.nn.Parameter(torch.zeros(3))
+    ex = GradientExchange([("a", a), ("b", b)])
+    (a * (rank + 1)).sum().backward()
+    ex.synchronize()
+    got = (a.grad.tolist(), b.grad.tolist())
+
+    def check():
+        assert got[0] == pytest.approx([sum(range(1, world + 1)) / world] * 3) and got[1] == [0.0] * 3
+    agree(check)

@@ -42,7 +42,7 @@ BENCHES: dict[str, str] = {
     "keras": "Keras training throughput with horo.keras (TensorFlow, torch or JAX backend)",
     "keras_steps": "where a multi-rank Keras fit step's time goes, per rank: compute, waiting, transfer, update",
     "jax_carriers": "exchange inside jax.jit: horo's io_callback vs bare mpi4py, mpi4jax, XLA collectives (gloo)",
-    "lightning": "PyTorch Lightning training throughput with horo.lightning",
+    "lightning": "Lightning training throughput with horo.lightning",
     "buckets": "horo.torch gradient buckets on CPU: host cost of one more bucket in a step, vs raw mpi4py",
     "torch_step": "torch training step: horo.torch.DistributedOptimizer vs DistributedDataParallel",
 }

@@ -5,10 +5,13 @@ each rank trains on its local GPU, and DDP uses NCCL instead of gloo.
 
 Every variant trains the same LightningModule (an MLP whose gradients are big enough for the exchange to
 matter) on generated data; variants are interleaved and repeated, and the median samples/s (slowest rank)
-is reported. ``horo`` overlaps the gradient exchange with backward; ``horo (no overlap)`` starts it only
-after backward. The hidden fraction is ``1 - wait(horo) / wait(horo, no overlap)``, where wait is the time
+is reported. ``horo`` overlaps the gradient exchange with backward and broadcasts rank 0's buffers as DDP does
+(its defaults, as ``strategy="horo"``); ``horo (bucket view)`` lets the gradients live in the reduced buckets
+(``gradient_as_bucket_view=True``: no copy back); ``horo (no overlap)`` starts the exchange only after
+backward. The hidden fraction is ``1 - wait(horo) / wait(horo, no overlap)``, where wait is the time
 per step that ranks spend blocked on the exchange after backward. ``ddp (horo)`` (``--variants``) is torch's
-DistributedDataParallel itself on horo's torch.distributed backend (``process_group_backend="horo"``).
+DistributedDataParallel itself on horo's torch.distributed backend (``process_group_backend="horo"``). The
+Lightning package is the unified ``lightning`` where it is installed, else ``pytorch_lightning``.
 """
 
 from __future__ import annotations
@@ -21,7 +24,9 @@ from typing import Any
 from horo.bench import models, plot
 from horo.bench._util import env_summary, limit_threads, md_table
 
-VARIANTS = ("horo", "horo (no overlap)", "ddp (gloo)", "ddp (horo)")  # "ddp (nccl)" in place of gloo on GPU
+# "ddp (nccl)" in place of gloo on GPU
+VARIANTS = ("horo", "horo (bucket view)", "horo (no overlap)", "ddp (gloo)", "ddp (horo)")
+_HORO = VARIANTS[:3]
 
 
 def _parse(argv: list[str]) -> argparse.Namespace:
@@ -30,8 +35,8 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--model", choices=models.MODELS, default="mlp",
                    help="mlp, or resnet50 (torchvision's when installed) on synthetic images")
     p.add_argument("--image-size", type=int, default=224, help="ResNet input side (pixels)")
-    p.add_argument("--variants", default=",".join(VARIANTS[:2]) + ",ddp",
-                   help="comma-separated subset of: horo, horo (no overlap), ddp, ddp (horo)")
+    p.add_argument("--variants", default=",".join(_HORO) + ",ddp",
+                   help="comma-separated subset of: horo, horo (bucket view), horo (no overlap), ddp, ddp (horo)")
     p.add_argument("--target", type=float, default=0.0,
                    help="PASS when horo's throughput >= target x DDP's (paired; 0: no verdict)")
     p.add_argument("--width", type=int, default=1024, help="hidden width of the MLP")
@@ -43,18 +48,28 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     plot.add_plot_arg(p)
     args = p.parse_args(argv)
     chosen = args.variants.split(",")
-    if any(v not in (*VARIANTS[:2], "ddp", VARIANTS[3]) for v in chosen) or "horo" not in chosen:
-        p.error(f"Received: --variants={args.variants!r}. HINT: a subset of horo, horo (no overlap), ddp, "
-                "ddp (horo) that includes horo.")
+    if any(v not in (*_HORO, "ddp", VARIANTS[4]) for v in chosen) or "horo" not in chosen:
+        p.error(f"Received: --variants={args.variants!r}. HINT: a subset of horo, horo (bucket view), "
+                "horo (no overlap), ddp, ddp (horo) that includes horo.")
     return args
 
 
+def _lightning() -> Any:
+    """The Lightning Trainer package: the unified ``lightning.pytorch`` where installed, else ``pytorch_lightning``."""
+    import importlib.util
+
+    if importlib.util.find_spec("lightning") is not None:
+        import lightning.pytorch as pl
+    else:
+        import pytorch_lightning as pl
+    return pl
+
+
 def _module(model: str, width: int, layers: int) -> Any:
-    import pytorch_lightning as pl
     import torch
     import torch.nn.functional as F
 
-    class Module(pl.LightningModule):
+    class Module(_lightning().LightningModule):
         def __init__(self) -> None:
             super().__init__()
             self.net = models.make(model, width=width, layers=layers)
@@ -73,9 +88,7 @@ class _Clock:
     """A Lightning callback timing steps warmup..end and reading the horo exchange's blocked time."""
 
     def __new__(cls, warmup: int, last: int) -> Any:
-        import pytorch_lightning as pl
-
-        class Clock(pl.Callback):
+        class Clock(_lightning().Callback):
             def __init__(self) -> None:
                 self.t0 = self.t1 = 0.0
                 self.wait0 = self.wait1 = 0.0
@@ -113,15 +126,17 @@ def main(argv: list[str]) -> int:
     if not plot.check_arg(args.plot, "horo.bench lightning"):
         return 2
     limit_threads()
-    import pytorch_lightning as pl
     import torch
     from mpi4py import MPI
-    from pytorch_lightning.strategies import DDPStrategy
     from torch.utils.data import DataLoader
 
     # lazy: imports torch; registers the "horo" torch.distributed backend
     import horo.torch  # noqa: F401
-    from horo.strategies import HoroStrategy  # lazy: imports torch and Lightning
+    from horo.strategies import classes  # lazy: imports torch and Lightning
+
+    pl = _lightning()
+    DDPStrategy = pl.strategies.DDPStrategy
+    HoroStrategy = classes("lightning" if pl.__name__ == "lightning.pytorch" else "pytorch_lightning").HoroStrategy
 
     torch.set_num_threads(1)
     horo.init()
@@ -139,7 +154,7 @@ def main(argv: list[str]) -> int:
 
     ddp = "ddp (nccl)" if args.accelerator == "gpu" else "ddp (gloo)"
     chosen = args.variants.split(",")
-    variants = tuple(v for v in (*VARIANTS[:2], ddp, VARIANTS[3]) if v in chosen or (v == ddp and "ddp" in chosen))
+    variants = tuple(v for v in (*_HORO, ddp, VARIANTS[4]) if v in chosen or (v == ddp and "ddp" in chosen))
 
     def fit(variant: str) -> tuple[float, float]:
         # Each variant on a default torch.distributed group of its own backend (DDPStrategy reuses any).
@@ -147,6 +162,7 @@ def main(argv: list[str]) -> int:
         if torch.distributed.is_initialized() and torch.distributed.get_backend() != backend:
             torch.distributed.destroy_process_group()
         strategy: Any = {"horo": lambda: HoroStrategy(),
+                         "horo (bucket view)": lambda: HoroStrategy(gradient_as_bucket_view=True),
                          "horo (no overlap)": lambda: HoroStrategy(overlap=False),
                          ddp: lambda: DDPStrategy(process_group_backend=ddp[5:-1]),
                          "ddp (horo)": lambda: DDPStrategy(process_group_backend="horo")}[variant]()

@@ -1,12 +1,15 @@
-"""horo for PyTorch Lightning: ``import horo.lightning`` registers ``Trainer(strategy="horo")`` and
-``Fabric(strategy="horo")``.
+"""horo for Lightning: ``import horo.lightning`` registers ``Trainer(strategy="horo")`` and ``Fabric(strategy="horo")``
+in the unified ``lightning`` package (``import lightning as L``) and in the standalone ``pytorch_lightning`` /
+``lightning_fabric``, whichever are installed.
 
 Run with ``hororun -np N python train.py`` (or plain ``mpiexec``, or ``srun --mpi=pmix``), or ``python train.py``
-with ``Trainer(strategy="horo", devices=N)``, which starts the N ranks itself. Needs ``pip install horo[lightning]``.
+with ``L.Trainer(strategy="horo", devices=N)``: that process becomes rank 0 and starts the others. Needs
+``pip install horo[lightning]``. The classes below are the unified package's where it is installed;
+``classes("pytorch_lightning")`` gives the standalone package's (``.HoroStrategy``, ``.HoroFabricStrategy``).
 """
 
 from __future__ import annotations
 
-from ..strategies import HoroEnvironment, HoroFabricStrategy, HoroStrategy
+from ..strategies import HoroEnvironment, HoroFabricStrategy, HoroStrategy, classes
 
-__all__ = ["HoroEnvironment", "HoroFabricStrategy", "HoroStrategy"]
+__all__ = ["HoroEnvironment", "HoroFabricStrategy", "HoroStrategy", "classes"]

@@ -20,6 +20,7 @@ _FRAMEWORKS = (
     ("TensorFlow", "tensorflow"),
     ("Keras", "keras"),
     ("PyTorch", "torch"),
+    ("Lightning", "lightning"),
     ("PyTorch Lightning", "pytorch_lightning"),
     ("JAX", "jax"),
 )

@@ -1,30 +1,36 @@
 """Lightning strategies backed by horo. Importing this package registers ``Trainer(strategy="horo")`` and
-``Fabric(strategy="horo")``."""
+``Fabric(strategy="horo")`` in each installed Lightning package: the unified ``lightning`` (``import lightning
+as L``) and the standalone ``pytorch_lightning`` / ``lightning_fabric``.
+
+``HoroStrategy``, ``HoroFabricStrategy`` and ``HoroEnvironment`` here are the unified package's classes where it
+is installed, else the standalone package's; ``classes("pytorch_lightning")`` gives a given package's.
+"""
 
 from __future__ import annotations
 
-try:
-    import pytorch_lightning as _pl  # noqa: F401
-except ImportError as _exc:  # pragma: no cover - depends on the installed extras
-    raise ImportError("horo.strategies needs PyTorch Lightning. HINT: pip install horo[lightning]") from _exc
+from lightning_utilities.core.rank_zero import rank_zero_only as _rank_zero_only
 
-from lightning_fabric.strategies import STRATEGY_REGISTRY as _fabric_registry
-from pytorch_lightning.strategies import StrategyRegistry as _registry
-from pytorch_lightning.utilities.rank_zero import rank_zero_only as _rank_zero_only
-
-from .environment import HoroEnvironment
-from .fabric import HoroFabricStrategy
+from .. import core as _core
+from .bind import classes, installed, register
+from .launch import join_parent as _join_parent
 from .launch import launcher_rank as _launcher_rank
-from .strategy import HoroStrategy
 
-if HoroStrategy.strategy_name not in _registry:
-    HoroStrategy.register_strategies(_registry)
-if HoroFabricStrategy.strategy_name not in _fabric_registry:
-    HoroFabricStrategy.register_strategies(_fabric_registry)
+_packages = installed()
+if not _packages:  # pragma: no cover - depends on the installed extras
+    raise ImportError("horo.strategies needs Lightning. HINT: pip install horo[lightning]")
+for _package in _packages:
+    register(_package)
 
-# Under mpiexec / hororun, messages printed before the Trainer exists (e.g. seed_everything) come from rank 0
-# only; the strategy confirms the rank from MPI once it starts.
-if (_rank := _launcher_rank()) is not None:
+_default = classes(_packages[0])
+HoroStrategy = _default.HoroStrategy
+HoroFabricStrategy = _default.HoroFabricStrategy
+HoroEnvironment = _default.HoroEnvironment
+
+# Messages printed before the Trainer exists (e.g. seed_everything) come from rank 0 only: under mpiexec /
+# hororun the launcher's rank says which this is; a rank a self-launch spawned joins horo's world at once.
+if _join_parent():
+    _rank_zero_only.rank = _core.rank()
+elif (_rank := _launcher_rank()) is not None:
     _rank_zero_only.rank = _rank
 
-__all__ = ["HoroEnvironment", "HoroFabricStrategy", "HoroStrategy"]
+__all__ = ["HoroEnvironment", "HoroFabricStrategy", "HoroStrategy", "classes"]

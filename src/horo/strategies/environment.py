@@ -5,7 +5,8 @@ Without it Lightning picks its own cluster environment from the variables it fin
 ``SLURM_PROCID``, which under ``hororun`` in an allocation is the Open MPI daemon's task in its srun step (both
 ranks on the second node read 0), and it refuses ``sbatch -n N`` without ``--ntasks-per-node`` and any
 ``num_nodes`` that differs from the allocation's. horo's world is the MPI job's, whoever started it
-(``hororun``, ``mpiexec``, ``srun --mpi=pmix``): this environment reports it.
+(``hororun``, ``mpiexec``, ``srun --mpi=pmix``): this environment reports it. Written once for both Lightning
+packages (see ``bind``).
 """
 
 from __future__ import annotations
@@ -13,19 +14,18 @@ from __future__ import annotations
 import logging
 import os
 
-from lightning_fabric.plugins import ClusterEnvironment
 from typing_extensions import override
 
 from .. import core
 from ..core.base.config import LAUNCHER_SIZE_VARS
 from .launch import launcher_rank, started_by_mpi
 
-__all__ = ["HoroEnvironment"]
+__all__ = ["HoroEnvironmentImpl"]
 
 log = logging.getLogger(__name__)
 
 
-class HoroEnvironment(ClusterEnvironment):
+class HoroEnvironmentImpl:
     """The ranks of the MPI job horo runs in: size, rank, local rank and node (cross) rank from horo."""
 
     @property

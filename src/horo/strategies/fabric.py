@@ -1,24 +1,14 @@
-"""``Fabric(strategy="horo")``: Lightning Fabric's data parallelism over MPI with horo (the Trainer's HoroStrategy
-for users who keep their own training loop)."""
+"""``Fabric(strategy="horo")``: Lightning Fabric's data parallelism over MPI with horo, as Fabric's DDP behaves (the
+Trainer's HoroStrategy for users who keep their own training loop). Written once for both Lightning packages
+(see ``bind``)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Generator
-from contextlib import AbstractContextManager, contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import Any
 
 import torch
-from lightning_fabric.accelerators import Accelerator
-from lightning_fabric.plugins import CheckpointIO, ClusterEnvironment
-from lightning_fabric.plugins.precision import Precision
-from lightning_fabric.strategies.launchers.launcher import _Launcher
-from lightning_fabric.strategies.parallel import ParallelStrategy
-from lightning_fabric.strategies.registry import _StrategyRegistry
-from lightning_fabric.strategies.strategy import Strategy, TBroadcast, _BackwardSyncControl
-from lightning_fabric.utilities.rank_zero import rank_zero_only
-from lightning_fabric.utilities.seed import reset_seed
-from lightning_fabric.utilities.types import ReduceOp
-from lightning_utilities.core.rank_zero import rank_zero_only as utils_rank_zero_only
 from torch import Tensor
 from torch.nn import Module
 from typing_extensions import override
@@ -27,175 +17,142 @@ from .. import core
 from ..core.base.ops import Average
 from ..torch.backend import init_process_group as init_torch_distributed
 from ..torch.compression import Compression, Compressor
-from ..torch.exchange import GradientExchange, reduce_op
-from ..torch.functions import allgather, allreduce
+from ..torch.exchange import GradientExchange
 from ..torch.state import broadcast_parameters
-from .environment import HoroEnvironment
-from .launch import relaunch, started_by_mpi
-from .strategy import _check_world, _horo_op
+from .buffers import BufferSync
+from .common import HoroCommon
+from .launch import start_ranks, started_by_mpi, started_with_ranks
 
-__all__ = ["HoroFabricStrategy"]
+__all__ = ["HoroFabricStrategyImpl", "NoBackwardSyncImpl", "SelfLaunchImpl"]
 
 
-class _SelfLaunch(_Launcher):
-    """Outside MPI, ``fabric.launch()`` with ``devices=N`` re-runs the script on N ranks (as the Trainer does)."""
+class SelfLaunchImpl:
+    """Outside MPI, ``fabric.launch()`` with ``devices=N`` makes this process rank 0 and starts N - 1 more."""
 
     def __init__(self, nprocs: int) -> None:
         self.nprocs = nprocs
 
     @property
-    @override
     def is_interactive_compatible(self) -> bool:
         return False
 
-    @override
     def launch(self, function: Callable, *args: Any, **kwargs: Any) -> Any:
-        relaunch(self.nprocs)  # does not return: this process waits for the ranks and exits with them
+        start_ranks(self.nprocs)
+        return function(*args, **kwargs)
 
 
-class _NoBackwardSync(_BackwardSyncControl):
-    def __init__(self, strategy: HoroFabricStrategy) -> None:
+class NoBackwardSyncImpl:
+    def __init__(self, strategy: HoroFabricStrategyImpl) -> None:
         self.strategy = strategy
 
-    @override
     def no_backward_sync(self, module: Module, enabled: bool) -> AbstractContextManager:
-        return self.strategy._blocked(module) if enabled else _nothing()
+        return self.strategy._blocked(module) if enabled else nullcontext()
 
 
-@contextmanager
-def _nothing() -> Generator[None, None, None]:
-    yield None
+class _SetUp:
+    """One model set up by ``fabric.setup``: its gradient exchange, its buffers and the hooks on its forward."""
+
+    def __init__(self, exchange: GradientExchange, buffers: BufferSync, hooks: list[Any]) -> None:
+        self.exchange, self.buffers, self.hooks = exchange, buffers, hooks
+
+    def remove(self) -> None:
+        self.exchange.remove_hooks()
+        self.buffers.remove()
+        for h in self.hooks:
+            h.remove()
 
 
-class HoroFabricStrategy(ParallelStrategy):
-    """Data-parallel training on the ranks of an MPI job, for Lightning Fabric, with gradients averaged by horo.
+class HoroFabricStrategyImpl(HoroCommon):
+    """Data-parallel training on the ranks of an MPI job, for Lightning Fabric, as Fabric's DDP behaves.
 
     ``fabric.setup(model, optimizer)`` starts every rank from rank 0's parameters and buffers and hooks the
-    model's parameters; ``fabric.backward(loss)`` averages gradients while backward runs (one async, fused
-    allreduce per parameter) and waits for them at its end, so clipping and ``optimizer.step()`` see averaged
-    gradients. Inside ``fabric.no_backward_sync(model)`` gradients stay local (gradient accumulation). With
-    several models set up, pass ``model=`` to ``fabric.backward`` to exchange only that model's gradients.
-    torch.distributed gets a ``horo`` default group, so torchmetrics and torch's collectives work as with DDP.
+    model (no wrapper module); its forward broadcasts rank 0's buffers as DDP's ``broadcast_buffers`` does, and
+    ``fabric.save`` holds rank 0's buffers. ``fabric.backward(loss)`` averages gradients while backward runs
+    (fused, asynchronous bucket allreduces) and waits for them at its end, so clipping and ``optimizer.step()``
+    see averaged gradients; parameters no rank used keep ``grad=None``. Inside ``fabric.no_backward_sync(model)``
+    gradients stay local (gradient accumulation). With several models set up, ``fabric.backward(loss)`` exchanges
+    every model's gradients (``model=`` only that one's); a model the loss did not use keeps ``grad=None``.
+    ``all_reduce`` reduces in place; torch.distributed gets a ``horo`` default group.
 
-    Args: as :class:`~horo.strategies.HoroStrategy` (``compression``, ``gradient_predivide_factor``,
-    ``overlap``, ``op``).
+    Args: as the Trainer's ``HoroStrategy`` (``compression``, ``gradient_predivide_factor``, ``overlap``, ``op``,
+    and DDP's options).
     """
 
     strategy_name = "horo"
+    _lightning: Any  # the package's own classes (bind.Bound)
 
-    def __init__(
-        self,
-        accelerator: Accelerator | None = None,
-        parallel_devices: list[torch.device] | None = None,
-        cluster_environment: ClusterEnvironment | None = None,
-        checkpoint_io: CheckpointIO | None = None,
-        precision: Precision | None = None,
-        compression: type[Compressor] = Compression.none,
-        gradient_predivide_factor: float = 1.0,
-        overlap: bool = True,
-        op: Any = Average,
-    ) -> None:
-        # horo's world, not the one Fabric would guess from SLURM's variables (see HoroEnvironment).
-        super().__init__(accelerator=accelerator, parallel_devices=parallel_devices,
-                         cluster_environment=cluster_environment or HoroEnvironment(), checkpoint_io=checkpoint_io,
-                         precision=precision)
-        self._op = reduce_op(op, gradient_predivide_factor, "HoroFabricStrategy")[0]
-        self._compression = compression
-        self._predivide = gradient_predivide_factor
-        self._overlap = overlap
-        self._exchanges: dict[int, GradientExchange] = {}
+    def __init__(self, accelerator: Any = None, parallel_devices: list[torch.device] | None = None,
+                 cluster_environment: Any = None, checkpoint_io: Any = None, precision: Any = None,
+                 compression: type[Compressor] = Compression.none, gradient_predivide_factor: float = 1.0,
+                 overlap: bool = True, op: Any = Average, **ddp_options: Any) -> None:
+        super().__init__(accelerator=accelerator, parallel_devices=parallel_devices,  # type: ignore[call-arg]
+                         cluster_environment=cluster_environment or self._lightning.HoroEnvironment(),
+                         checkpoint_io=checkpoint_io, precision=precision)
+        self._configure(compression, gradient_predivide_factor, overlap, op, ddp_options, "HoroFabricStrategy")
+        self._models: dict[int, _SetUp] = {}
         self._blocked_ids: set[int] = set()
-        self._backward_sync_control = _NoBackwardSync(self)
+        self._backward_sync_control = self._lightning.NoBackwardSync(self)
         if started_by_mpi():
             self._init_horo()
-
-    def _init_horo(self) -> None:
-        if not core.is_initialized():
-            core.init()
-        rank_zero_only.rank = utils_rank_zero_only.rank = core.rank()
-
-    # ------------------------------------------------------------------------------------ world
-    @property
-    @override
-    def global_rank(self) -> int:
-        return core.rank() if core.is_initialized() else 0
-
-    @property
-    @override
-    def local_rank(self) -> int:
-        return core.local_rank() if core.is_initialized() else 0
-
-    @property
-    @override
-    def node_rank(self) -> int:
-        return core.cross_rank() if core.is_initialized() else 0
-
-    @property
-    @override
-    def world_size(self) -> int:
-        return core.size() if core.is_initialized() else 1
-
-    @property
-    @override
-    def root_device(self) -> torch.device:
-        devices = self.parallel_devices or [torch.device("cpu")]
-        if devices[0].type == "cuda":
-            return torch.device("cuda", self.local_rank % max(torch.cuda.device_count(), 1))
-        return devices[0]
-
-    @property
-    @override
-    def distributed_sampler_kwargs(self) -> dict[str, Any]:
-        return {"num_replicas": self.world_size, "rank": self.global_rank}
 
     @override
     def _configure_launcher(self) -> None:
         requested = len(self.parallel_devices or ())
-        if not core.is_initialized() and not started_by_mpi() and requested > 1:
-            self._launcher = _SelfLaunch(requested)
+        if not core.is_initialized() and not started_with_ranks() and requested > 1:
+            self._launcher = self._lightning.SelfLaunch(requested)
         else:
-            self._launcher = None  # the ranks exist already: MPI started them
+            self._launcher = None  # the ranks exist already
 
     @override
     def setup_environment(self) -> None:
         self._init_horo()
         init_torch_distributed()
-        reset_seed()
+        self._lightning.reset_seed()
         if self.parallel_devices and self.parallel_devices[0].type == "cpu":
             self.parallel_devices = [torch.device("cpu")] * core.local_size()
         if self.root_device.type == "cuda":
             torch.cuda.set_device(self.root_device)
-        super().setup_environment()
+        super().setup_environment()  # type: ignore[misc]
 
     # ------------------------------------------------------------------------------------ model
     @override
     def setup_module(self, module: Module) -> Module:
-        """Broadcast rank 0's parameters and buffers, and hook the parameters for the gradient exchange."""
+        """Broadcast rank 0's parameters and buffers, hook the parameters for the gradient exchange and the
+        forward for the buffers."""
         named = [("param." + n, p) for n, p in module.named_parameters()]
         named += [("buffer." + n, b) for n, b in module.named_buffers()]
         if named and self.world_size > 1:
             broadcast_parameters(named, root_rank=0)
-        old = self._exchanges.pop(id(module), None)
+        old = self._models.pop(id(module), None)
         if old is not None:
-            old.remove_hooks()
-        prefix = f"fabric.{len(self._exchanges)}."  # several models: names stay unique and equal on every rank
-        ex = GradientExchange([(prefix + n, p) for n, p in module.named_parameters()], op=self._op,
-                              compression=self._compression, gradient_predivide_factor=self._predivide,
-                              overlap=self._overlap, what="HoroFabricStrategy")
-        ex.active = False  # only backward passes run through fabric.backward exchange gradients
-        self._exchanges[id(module)] = ex
+            old.remove()
+        prefix = f"fabric.{len(self._models)}."  # several models: names stay unique and equal on every rank
+        ex = self._exchange_for([(prefix + n, p) for n, p in module.named_parameters()])
+        buffers = BufferSync(module, prefix.rstrip("."), enabled=self.broadcast_buffers)
+        key = id(module)
+
+        def after(_m: Module, _args: Any, _out: Any) -> None:  # DDP's rule for the next forward
+            buffers.after_forward(torch.is_grad_enabled() and key not in self._blocked_ids)
+
+        hooks = [module.register_forward_pre_hook(lambda _m, _a: buffers.before_forward()),
+                 module.register_forward_hook(after, always_call=True)]
+        self._models[key] = _SetUp(ex, buffers, hooks)
         return module
 
     @override
     def module_to_device(self, module: Module) -> None:
         module.to(self.root_device)
 
+    @override
+    def get_module_state_dict(self, module: Module) -> dict[str, Any]:
+        set_up = self._models.get(id(module))
+        if set_up is not None and self.world_size > 1:
+            set_up.buffers.now()  # a collective: every rank saves, rank 0 writes
+        return super().get_module_state_dict(module)  # type: ignore[misc]
+
     def _targets(self, module: Module | None) -> list[GradientExchange]:
-        if module is not None and id(module) in self._exchanges:
-            keys = [id(module)]
-        else:
-            keys = list(self._exchanges)
-        return [self._exchanges[k] for k in keys if k not in self._blocked_ids]
+        keys = [id(module)] if module is not None and id(module) in self._models else list(self._models)
+        return [self._models[k].exchange for k in keys if k not in self._blocked_ids]
 
     @override
     def backward(self, tensor: Tensor, module: Module | None, *args: Any, **kwargs: Any) -> None:
@@ -203,7 +160,7 @@ class HoroFabricStrategy(ParallelStrategy):
         for ex in targets:
             ex.active = True
         try:
-            super().backward(tensor, module, *args, **kwargs)
+            super().backward(tensor, module, *args, **kwargs)  # type: ignore[misc]
         finally:
             for ex in targets:
                 ex.active = False
@@ -214,7 +171,7 @@ class HoroFabricStrategy(ParallelStrategy):
     def _blocked(self, module: Module) -> Generator[None, None, None]:
         """Backward passes inside keep ``module``'s gradients local (gradient accumulation)."""
         key = id(module)
-        if key not in self._exchanges:
+        if key not in self._models:
             raise TypeError(f"HoroFabricStrategy.no_backward_sync takes a model set up with fabric.setup. "
                             f"Received: a {type(module).__name__} that was not. HINT: model = fabric.setup(model).")
         was = key in self._blocked_ids
@@ -227,45 +184,24 @@ class HoroFabricStrategy(ParallelStrategy):
 
     # ------------------------------------------------------------------------------------ collectives
     @override
-    def all_reduce(self, tensor: Tensor | Any, group: Any | None = None,
-                   reduce_op: ReduceOp | str | None = "mean") -> Tensor | Any:
-        if not isinstance(tensor, Tensor):
-            return tensor
-        _check_world(group, "all_reduce")
-        return allreduce(tensor, op=_horo_op(reduce_op))
-
-    @override
-    def all_gather(self, tensor: Tensor, group: Any | None = None, sync_grads: bool = False) -> Tensor:
-        """Stack every rank's ``tensor`` (same shape on all ranks) into shape ``(world_size, *tensor.shape)``."""
-        _check_world(group, "all_gather")
-        if sync_grads:
-            return allgather(tensor.unsqueeze(0))
-        with torch.no_grad():
-            return allgather(tensor.detach().unsqueeze(0))
-
-    @override
-    def broadcast(self, obj: TBroadcast, src: int = 0) -> TBroadcast:
-        return core.broadcast_object(obj, src)
-
-    @override
-    def barrier(self, *args: Any, **kwargs: Any) -> None:
-        if core.is_initialized():
-            core.barrier()
+    def all_reduce(self, tensor: Tensor | Any, group: Any | None = None, reduce_op: Any = "mean") -> Tensor | Any:
+        """Reduce a tensor over all ranks ('mean' by default) in place and return it, as DDP's."""
+        return self._reduce_in_place(tensor, group, reduce_op, "all_reduce")
 
     # ------------------------------------------------------------------------------------ lifecycle
     @override
     def teardown(self) -> None:
-        for ex in self._exchanges.values():
-            ex.remove_hooks()
-            ex.reset(wait=False)
-        self._exchanges.clear()
+        for set_up in self._models.values():
+            set_up.remove()
+            set_up.exchange.reset(wait=False)
+        self._models.clear()
         if self.cluster_environment is not None:
-            super().teardown()
+            super().teardown()  # type: ignore[misc]
         else:  # ParallelStrategy's teardown needs a cluster environment; horo's world is the MPI job's
-            Strategy.teardown(self)
+            self._lightning.FabricStrategy.teardown(self)
 
     @classmethod
     @override
-    def register_strategies(cls, strategy_registry: _StrategyRegistry) -> None:
+    def register_strategies(cls, strategy_registry: Any) -> None:
         strategy_registry.register(cls.strategy_name, cls,
                                    description="Data parallelism over MPI with horo (Horovod-style)")

@@ -13,7 +13,12 @@ differ raise ``MismatchError`` instead of mixing gradients. CUDA buckets run a p
 (``prepared.py``): one 16-byte agreement over MPI, then NCCL on a side stream that waits for the gradients
 with an event, so backward keeps computing; host buckets go through horo's engine as named async
 allreduces. ``wait()`` joins the streams, averages, and copies the results back into ``param.grad`` (on the
-host it points each ``param.grad`` at its slot of the bucket instead: see ``_finish``).
+host it points each ``param.grad`` at its slot of the bucket instead, unless told to copy: see ``_finish``).
+
+With ``find_unused``, a bucket also carries one flag per member after its gradients: 1 where this rank has a
+gradient for it. The reduced flags say which members some rank used, so a parameter no rank used keeps
+``grad=None`` (as DDP's ``find_unused_parameters``) without a collective of its own; without it, a missing
+gradient becomes zeros and gets the average (Horovod's behaviour).
 """
 
 from __future__ import annotations
@@ -67,10 +72,14 @@ def assign(order: Sequence[int], nbytes: Sequence[int], keys: Sequence[Hashable]
 class Bucket:
     """One bucket: its parameters, the flat buffer their gradients travel in, and this step's state."""
 
-    def __init__(self, index: int, params: list[torch.Tensor], names: list[str], prefix: str) -> None:
+    def __init__(self, index: int, params: list[torch.Tensor], names: list[str], prefix: str,
+                 flags: bool = False) -> None:
         self.index = index
         self.params = params
         self.numels = [p.numel() for p in params]
+        self.flags = flags  # one used-flag per member travels after the gradients (``find_unused``)
+        self.used = torch.empty(0)  # the flags' slots in ``flat``
+        self.absent: list[int] = []  # with flags: members without a gradient on this rank in this step
         self.where: tuple[int, torch.dtype] | None = None  # (device index, dtype) of ``flat``
         self.flat = torch.empty(0)
         self.views: list[torch.Tensor] = []
@@ -93,8 +102,11 @@ class Bucket:
         p0 = self.params[0]
         where = (p0.get_device(), p0.dtype)
         if where != self.where:
-            self.flat = torch.empty(sum(self.numels), dtype=p0.dtype, device=p0.device)
-            self.views = [v.view(p.shape) for v, p in zip(self.flat.split(self.numels), self.params)]
+            total = sum(self.numels)
+            tail = len(self.params) if self.flags else 0
+            self.flat = torch.empty(total + tail, dtype=p0.dtype, device=p0.device)
+            self.views = [v.view(p.shape) for v, p in zip(self.flat[:total].split(self.numels), self.params)]
+            self.used = self.flat[total:]
             self.where = where
             self.plan = None
             self.host = None
@@ -102,6 +114,7 @@ class Bucket:
     def clear(self) -> None:
         self.missing = len(self.params)
         self.excluded.clear()
+        self.absent = []
         self.wire = self.ctx = self.handle = None
 
 
@@ -117,12 +130,19 @@ class Buckets:
         first_cap, cap: the bytes at which a key's first bucket, and its later ones, close.
         follow: ``cap`` follows autotune's bucket size knob (re-formed between steps, see ``wait``).
         what: the API name for error messages.
+        find_unused: members that no rank has a gradient for keep ``grad=None`` (flags ride in each bucket);
+            otherwise a missing gradient is exchanged as zeros and gets the average.
+        grad_views: on the host, point each gradient at its slot of the reduced bucket (no copy back; a
+            gradient kept past the next step changes with the bucket); otherwise copy the results back.
     """
 
     def __init__(self, params: Sequence[torch.Tensor], names: dict[torch.Tensor, str], *, op: ReduceOp,
                  pre: float, post: float, compression: Any, process_set: ProcessSet | None, first_cap: int,
-                 cap: int, what: str, follow: bool = False) -> None:
+                 cap: int, what: str, follow: bool = False, find_unused: bool = False,
+                 grad_views: bool = True) -> None:
         self.names = names
+        self.find_unused = find_unused
+        self.grad_views = grad_views
         self.params = list(params)
         self.op, self.pre, self.post = op, pre, post
         self.compression = compression
@@ -154,8 +174,8 @@ class Buckets:
     def _build(self, order: list[torch.Tensor]) -> None:
         groups = assign(range(len(order)), [p.numel() * p.element_size() for p in order],
                         [(p.device, p.dtype) for p in order], self.first_cap, self.cap)
-        self.buckets = [Bucket(n, [order[i] for i in g], [self.names[order[i]] for i in g], self.prefix)
-                        for n, g in enumerate(groups)]
+        self.buckets = [Bucket(n, [order[i] for i in g], [self.names[order[i]] for i in g], self.prefix,
+                               self.find_unused) for n, g in enumerate(groups)]
         self.slot = {p: (b, k) for b in self.buckets for k, p in enumerate(b.params)}
         self.next = 0  # the next bucket to start
         self.touched = False  # some member was marked in this step
@@ -234,8 +254,10 @@ class Buckets:
         """Copy the members' gradients into the bucket's buffer and compress it (grad mode off)."""
         srcs, dsts = [], []
         for k, p in enumerate(b.params):
-            if k in b.excluded or (p.grad is None and not p.requires_grad):
+            if k in b.excluded or (p.grad is None and (b.flags or not p.requires_grad)):
                 b.views[k].zero_()
+                if b.flags and p.grad is None:  # zeros here; a gradient afterwards only if some rank had one
+                    b.absent.append(k)
                 continue
             if p.grad is None:  # unused on this rank in this step: it contributes zeros, and gets the average
                 p.grad = torch.zeros_like(p)
@@ -248,6 +270,10 @@ class Buckets:
             dsts[0].copy_(srcs[0])
         elif srcs:
             torch._foreach_copy_(dsts, srcs)
+        if b.flags:
+            b.used.fill_(1)
+            for k in b.absent:
+                b.used[k] = 0
         b.wire, b.ctx = self.compression.compress(b.flat)
 
     def _start_engine(self, b: Bucket) -> None:
@@ -314,7 +340,9 @@ class Buckets:
         elif b.handle is not None:
             core.synchronize(b.handle)
         result = self.compression.decompress(wire, b.ctx)
-        if result is b.flat and not result.is_cuda:
+        if b.absent:
+            self._adopt(b, result)
+        if result is b.flat and not result.is_cuda and self.grad_views:
             # On the host a copy back costs a pass over the bytes: point each gradient at its slot of the reduced
             # buffer instead. ``set_`` keeps the grad object (references to it see the result, as after
             # Horovod's ``p.grad.set_``), and the next step's copy in is skipped for a gradient still there.
@@ -328,7 +356,8 @@ class Buckets:
                         g.set_(v)
             b.aliased = True
             return
-        views = b.views if result is b.flat else [v.view(p.shape) for v, p in zip(result.split(b.numels), b.params)]
+        views = b.views if result is b.flat else \
+            [v.view(p.shape) for v, p in zip(result[:sum(b.numels)].split(b.numels), b.params)]
         grads, results = [], []
         for k, (p, v) in enumerate(zip(b.params, views)):
             g = p.grad
@@ -339,6 +368,16 @@ class Buckets:
             grads[0].copy_(results[0])
         elif grads:
             torch._foreach_copy_(grads, results)
+
+    @staticmethod
+    def _adopt(b: Bucket, result: torch.Tensor) -> None:
+        """Give a gradient to each member this rank had none for and some rank had (its reduced flag is not 0);
+        the others keep ``None``. Reads the flags only where this rank lacked a gradient (a device sync on GPU)."""
+        flags = result[sum(b.numels):][b.absent].tolist()
+        for k, flag in zip(b.absent, flags):
+            if flag != 0:
+                p = b.params[k]
+                p.grad = torch.empty_like(p)  # filled from the bucket below, as the others are
 
     def wait(self) -> None:
         """Wait for every started bucket, write the results back; after the first step, rebuild once; when

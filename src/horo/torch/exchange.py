@@ -7,7 +7,10 @@ gradients, it starts an in-place ``allreduce_async_`` named after the parameter 
 fuses with what else is ready. ``synchronize()`` waits for all of them. Every rank exchanges the same
 gradients in every step: a parameter whose hook did not fire on this rank (unused in this step, or still
 accumulating) is exchanged from ``synchronize()`` with its current gradient, or zeros if it has none, so the
-ranks that did use it never wait forever.
+ranks that did use it never wait forever. With ``find_unused`` (DDP's behaviour, for the Lightning
+strategies) the ranks also agree which parameters some rank has a gradient for, and the others keep
+``grad=None``: in the buckets through flags that travel with the gradients, for parameters exchanged on
+their own through one small allreduce per step.
 """
 
 from __future__ import annotations
@@ -15,16 +18,18 @@ from __future__ import annotations
 import contextlib
 import time
 import weakref
+import zlib
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
 import torch
 
 from .. import core
 from ..core.api.process_sets import ProcessSet
 from ..core.base import worlds
 from ..core.base.config import config
-from ..core.base.ops import Adasum, Average, ReduceOp, Sum, resolve_op
+from ..core.base.ops import Adasum, Average, Max, ReduceOp, Sum, resolve_op
 from .buckets import Buckets
 from .compression import Compression, Compressor
 from .ops import sparse_allreduce_async
@@ -88,18 +93,24 @@ class GradientExchange:
             same value.
         first_bucket_bytes: the first bucket's size (default ``HORO_FIRST_BUCKET_BYTES``), the same on every
             rank.
+        find_unused: parameters that no rank has a gradient for in a step keep ``grad=None`` (DDP's
+            ``find_unused_parameters``); by default they get zeros (Horovod's behaviour).
+        grad_views: on the host, each gradient points into its reduced bucket (no copy back, default); with
+            False each ``p.grad`` keeps memory of its own (DDP's default ``gradient_as_bucket_view=False``).
     """
 
     def __init__(self, named_parameters: Sequence[tuple[str, torch.Tensor]], *, op: Any = Average,
                  compression: type[Compressor] = Compression.none, gradient_predivide_factor: float = 1.0,
                  backward_passes_per_step: int = 1, process_set: ProcessSet | None = None,
                  overlap: bool = True, sparse_as_dense: bool = False, bucket_bytes: int | None = None,
-                 first_bucket_bytes: int | None = None, what: str = "horo.torch.GradientExchange") -> None:
+                 first_bucket_bytes: int | None = None, find_unused: bool = False, grad_views: bool = True,
+                 what: str = "horo.torch.GradientExchange") -> None:
         self.op, self.prescale, self.postscale = reduce_op(op, gradient_predivide_factor, what)
         self.compression = compression
         self.process_set = process_set
         self.overlap = overlap
         self.sparse_as_dense = sparse_as_dense
+        self.find_unused = find_unused
         self.what = what
         self.names: dict[torch.Tensor, str] = {p: n for n, p in named_parameters}
         self.params: list[torch.Tensor] = list(dict.fromkeys(p for _, p in named_parameters))
@@ -115,7 +126,7 @@ class GradientExchange:
             self.buckets = Buckets([p for p in self.params if p.requires_grad], self.names, op=self.op,
                                    pre=self.prescale, post=self.postscale, compression=compression,
                                    process_set=process_set, first_cap=first, cap=cap, what=what,
-                                   follow=bucket_bytes is None)
+                                   follow=bucket_bytes is None, find_unused=find_unused, grad_views=grad_views)
         self.marked: set[torch.Tensor] = set()  # parameters marked in their bucket in this step
         self.singles = 0  # allreduces of single parameters started
         self.hooks: dict[torch.Tensor, Any] = {}
@@ -249,8 +260,9 @@ class GradientExchange:
         first_error: BaseException | None = None
         buckets = self.buckets
         try:
+            unused = self._unused_singles() if self.find_unused else ()
             for p in self.params:
-                if p.requires_grad and p not in self.inflight and p not in self.marked:
+                if p.requires_grad and p not in self.inflight and p not in self.marked and p not in unused:
                     self._submit(p)
             if buckets is not None:
                 buckets.flush()
@@ -276,6 +288,18 @@ class GradientExchange:
         self.add_hooks()
         if first_error is not None:
             raise first_error
+
+    def _unused_singles(self) -> set[torch.Tensor]:
+        """The parameters outside buckets that no rank has a gradient for in this step (agreed on every rank
+        by one allreduce of a used-map; buckets carry their own flags)."""
+        singles = [p for p in self.params if p.requires_grad and (self.buckets is None or p not in self.buckets)]
+        if not singles:
+            return set()
+        mine = np.array([self.started(p) or p.grad is not None for p in singles], dtype=np.uint8)
+        names = "|".join(self.names[p] for p in singles)
+        used = core.allreduce(mine, name=f"horo.grad_used.{zlib.crc32(names.encode()):08x}", op=Max,
+                              process_set=self.process_set)
+        return {p for p, u in zip(singles, used) if not u}
 
     def reset(self, wait: bool) -> None:
         """Forget this step's exchange; ``wait`` for what is in flight first (only where every rank resets)."""

@@ -163,11 +163,14 @@ def drop_runtime(join_timeout: float = 5.0) -> None:
 
 
 def _abort_on_uncaught(exc_type: type[BaseException], exc: BaseException, tb: Any) -> None:
-    # Without this, the other ranks would wait forever in their next collective.
-    traceback.print_exception(exc_type, exc, tb)
-    sys.stderr.write(f"horo: rank {state.world.Get_rank() if state.world else '?'} raised an uncaught "
-                     f"{exc_type.__name__}; aborting the MPI job so the other ranks do not hang.\n")
-    sys.stderr.flush()
+    # Without this, the other ranks would wait forever in their next collective. The process's own stderr: a hook
+    # that wraps this one may have put a buffer in its place (torch.distributed's prefixes the lines afterwards,
+    # which an abort never reaches).
+    err = sys.__stderr__ or sys.stderr
+    traceback.print_exception(exc_type, exc, tb, file=err)
+    err.write(f"horo: rank {state.world.Get_rank() if state.world else '?'} raised an uncaught "
+              f"{exc_type.__name__}; aborting the MPI job so the other ranks do not hang.\n")
+    err.flush()
     sys.stdout.flush()
     global _aborting
     _aborting = True
