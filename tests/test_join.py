@@ -82,6 +82,17 @@ def test_a_keras_fit_started_by_torchrun_joins_one_world(tmp_path: Path) -> None
     assert records[0]["weights"] == records[1]["weights"]
 
 
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("nproc", [2, 3])
+def test_a_lightning_trainer_started_by_torchrun_joins_one_world(tmp_path: Path, nproc: int) -> None:
+    pytest.importorskip("lightning")
+    rc, out, records = torchrun(tmp_path, nproc, "lightning_fit.py", timeout=250)
+    assert rc == 0, out[-6000:]
+    assert [(r["rank"], r["size"], r["launcher_rank"]) for r in records] == [(k, nproc, k) for k in range(nproc)]
+    assert all(r["pid"] == r["pid_before"] for r in records), "not the processes torchrun started"
+    assert len({json.dumps(r["weights"]) for r in records}) == 1
+
+
 @pytest.mark.timeout(200)
 def test_joining_turned_off_raises_on_every_rank(tmp_path: Path) -> None:
     rc, out, records = torchrun(tmp_path, 2, "torch_train.py", env={"HORO_JOIN": "0"})
