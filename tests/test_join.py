@@ -93,41 +93,50 @@ def test_a_lightning_trainer_started_by_torchrun_joins_one_world(tmp_path: Path,
     assert len({json.dumps(r["weights"]) for r in records}) == 1
 
 
+def _apart(tmp_path: Path, env: dict[str, str]) -> list[tuple[int, str]]:
+    """Two processes started apart, as a Kubernetes PyTorchJob starts its pods (only the variables tie them):
+    unlike torchrun, nothing ends one because the other failed. Returns each one's (status, output)."""
+    base = {k: v for k, v in os.environ.items() if not k.startswith(("OMPI_", "PMIX_", "PMI_", "PRTE_", "HORO_"))}
+    base["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO / "src"), base.get("PYTHONPATH", "")) if p)
+    out = tmp_path / "out"
+    out.mkdir(exist_ok=True)
+    procs = [subprocess.Popen([sys.executable, str(APPS / "torch_train.py"), str(out)], cwd=tmp_path,
+                              env={**base, "WORLD_SIZE": "2", "RANK": str(r), "LOCAL_RANK": str(r),
+                                   "MASTER_ADDR": "127.0.0.1", "OMP_NUM_THREADS": "1", **env},
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+             for r in (0, 1)]
+    texts = [p.communicate(timeout=120)[0] for p in procs]
+    assert not list(out.glob("rank*.json")), texts  # nobody trained
+    return [(p.returncode, t) for p, t in zip(procs, texts)]
+
+
 @pytest.mark.timeout(200)
 def test_joining_turned_off_raises_on_every_rank(tmp_path: Path) -> None:
+    for rank, (rc, text) in enumerate(_apart(tmp_path, {"HORO_JOIN": "0", "MASTER_PORT": str(_free_port())})):
+        assert rc != 0, text
+        assert (f"JoinError: horo.init(): a launcher setting WORLD_SIZE and RANK started this process as rank {rank} "
+                "of 2, but horo cannot join those 2 processes into one MPI world: joining is turned off "
+                "(HORO_JOIN=0)") in text, text
+        assert "HINT: start the job with hororun instead: hororun -np 2 " in text, text
+    # Under torchrun, which ends the other processes once one fails, the first to raise says it.
     rc, out, records = torchrun(tmp_path, 2, "torch_train.py", env={"HORO_JOIN": "0"})
     assert rc != 0 and not records, out[-6000:]
-    for rank in (0, 1):
-        assert (f"JoinError: horo.init(): torchrun started this process as rank {rank} of 2, but horo cannot join "
-                "those 2 processes into one MPI world: joining is turned off (HORO_JOIN=0)") in out, out[-6000:]
-    assert "HINT: start the job with hororun instead: hororun -np 2 " in out, out[-6000:]
+    assert "JoinError: horo.init(): torchrun started this process as rank" in out, out[-6000:]
 
 
 @pytest.mark.timeout(200)
 def test_an_unreachable_rendezvous_raises_on_every_rank(tmp_path: Path) -> None:
-    """Two processes started apart, as a Kubernetes PyTorchJob starts its pods (only the variables tie them),
-    and the rendezvous port held by something that is not horo: rank 0 cannot listen there, rank 1's
+    """The rendezvous port is held by something that is not horo: rank 0 cannot listen there, rank 1's
     connection is never answered. Each raises (rank 1 within HORO_JOIN_TIMEOUT); neither trains alone."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("OMPI_", "PMIX_", "PMI_", "PRTE_", "HORO_"))}
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO / "src"), env.get("PYTHONPATH", "")) if p)
-    out = tmp_path / "out"
-    out.mkdir()
     with socket.socket() as squatter:
         squatter.bind(("127.0.0.1", 0))
         squatter.listen(8)
         port = squatter.getsockname()[1]
         start = time.monotonic()
-        procs = [subprocess.Popen([sys.executable, str(APPS / "torch_train.py"), str(out)], cwd=tmp_path,
-                                  env={**env, "WORLD_SIZE": "2", "RANK": str(r), "LOCAL_RANK": str(r),
-                                       "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port - 1),
-                                       "HORO_JOIN_TIMEOUT": "10", "OMP_NUM_THREADS": "1"},
-                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-                 for r in (0, 1)]
-        texts = [p.communicate(timeout=120)[0] for p in procs]
+        results = _apart(tmp_path, {"MASTER_PORT": str(port - 1), "HORO_JOIN_TIMEOUT": "10"})
     assert time.monotonic() - start < 100
-    assert not list(out.glob("rank*.json")), texts
-    for rank, (p, text) in enumerate(zip(procs, texts)):
-        assert p.returncode != 0, text
+    for rank, (rc, text) in enumerate(results):
+        assert rc != 0, text
         assert (f"JoinError: horo.init(): a launcher setting WORLD_SIZE and RANK started this process as rank {rank} "
                 "of 2, but horo cannot join") in text, text
         assert f"the rendezvous at 127.0.0.1:{port} failed" in text, text
