@@ -58,6 +58,7 @@ from .runtime_ops import (
     size_op,
 )
 from .tensors import import_tf
+from .util import _executing_eagerly  # noqa: F401 - Horovod's helper, called as hvd._executing_eagerly()
 
 __all__ = [
     *_shared,
@@ -73,6 +74,9 @@ __all__ = [
 ]
 
 import_tf()  # fail at import, naming the packages to install, rather than at the first collective
+
+# Horovod's submodules, attributes of the package as in Horovod (they read the names defined above).
+from . import compression, functions, mpi_ops, sync_batch_norm, util  # noqa: E402, F401, I001
 
 
 def __getattr__(name: str) -> Any:
