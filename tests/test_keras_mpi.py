@@ -6,6 +6,10 @@ tests/test_mpi_suites.py (new session, hard outer limit that kills the whole pro
 ``--timeout`` inside the ranks, every rank's exit status checked). TensorFlow-only tests skip themselves
 on the torch and JAX backends.
 
+The Keras 2 jobs (``keras2-npN``) run with ``TF_USE_LEGACY_KERAS=1``, so that ``tf.keras`` is ``tf_keras``: the
+Keras 2 tests (``test_keras2_*.py``, which skip themselves in the Keras 3 jobs) at sizes 1, 2 and 3, and at size
+2 also the Keras 3 callbacks' tests, which then run with both Kerases loaded (horo's callbacks are both's).
+
 Knobs: HORO_KERAS_SUITE_TIMEOUT (outer limit per job, seconds, default 600), HORO_KERAS_TEST_TIMEOUT (per
 test inside the ranks, default 180: TF traces every fit, which is slow on a loaded 2-core box),
 HORO_TEST_PYTEST_ARGS (extra args for the ranks, e.g. "-k callbacks -x").
@@ -27,6 +31,27 @@ TEST_TIMEOUT = int(os.environ.get("HORO_KERAS_TEST_TIMEOUT", "180"))
 JOBS = [(n, b) for b in ("tensorflow", "torch", "jax") for n in (1, 2, 3)]
 _NEEDS = {"tensorflow": "tensorflow", "torch": "torch", "jax": "jax"}
 _EXTRA = {"tensorflow": "horo[tensorflow-cpu]", "torch": "horo[torch]", "jax": "horo[jax]"}
+
+
+KERAS2_FILES = ["test_keras2_optimizer.py", "test_keras2_training.py"]
+
+
+@pytest.mark.mpi
+@pytest.mark.timeout(OUTER_TIMEOUT + 60)
+@pytest.mark.parametrize("n", [1, 2, 3], ids=lambda n: f"keras2-np{n}")
+def test_keras2_suite(n, tmp_path, monkeypatch):
+    if importlib.util.find_spec("tf_keras") is None or importlib.util.find_spec("tensorflow") is None:
+        pytest.skip("needs tensorflow and tf_keras (pip install 'horo[tensorflow-cpu,tf-keras]')")
+    monkeypatch.setenv("KERAS_BACKEND", "tensorflow")
+    monkeypatch.setenv("TF_USE_LEGACY_KERAS", "1")
+    for var in ("TF_NUM_INTEROP_THREADS", "TF_NUM_INTRAOP_THREADS"):
+        monkeypatch.setenv(var, "1")
+    files = [str(KERAS_DIR / f) for f in KERAS2_FILES + (["test_callbacks.py"] if n == 2 else [])]
+    passed, report = run_mpi_pytest(n, tmp_path / f"keras2-np{n}", timeout=OUTER_TIMEOUT, test_path=Path(files[0]),
+                                    extra_args=[*files[1:], "-W", "ignore::DeprecationWarning",
+                                                f"--timeout={TEST_TIMEOUT}"])
+    print(report.splitlines()[0])
+    assert passed, report
 
 
 @pytest.mark.mpi
