@@ -11,35 +11,16 @@ local sums every N-th pass; on the updates for Adasum), and those methods return
 from __future__ import annotations
 
 import importlib
-import os
 import sys
 from types import ModuleType
 from typing import Any
 
 from ..core.base.ops import Adasum
-from ..plugins.quiet import quiet_import
+from ..plugins.keras2 import module, requested
 from .optimizer_base import DistributedBase
 
 __all__ = ["module", "requested", "classes", "is_keras2", "is_keras2_class", "Keras2Mixin", "register_name",
            "momentum_slots"]
-
-
-def requested() -> bool:
-    """Whether ``tf.keras`` is Keras 2 in this process (TensorFlow's own test of ``TF_USE_LEGACY_KERAS``)."""
-    return os.environ.get("TF_USE_LEGACY_KERAS") in ("true", "True", "1")
-
-
-def module(load: bool = False) -> ModuleType | None:
-    """``tf_keras`` if this process uses it (imported already, or asked for by ``TF_USE_LEGACY_KERAS`` or
-    ``load``) and it is installed; else None."""
-    mod = sys.modules.get("tf_keras")
-    if mod is None and (load or requested()):
-        try:
-            with quiet_import("tf_keras"):
-                import tf_keras as mod
-        except ImportError:
-            return None
-    return mod
 
 
 def classes(kind: str) -> tuple[type, ...]:
