@@ -78,7 +78,7 @@ class Keras2Mixin(DistributedBase):
 
     @classmethod
     def _horo_backend_module(cls) -> ModuleType:
-        return importlib.import_module("horo.keras.backend.tensorflow")
+        return importlib.import_module("horo.keras.backend.tensorflow")  # lazy: imports TensorFlow
 
     def _horo_deferred(self) -> bool:
         """Whether the exchange waits for ``apply_gradients`` (local sums, or Adasum's updates)."""

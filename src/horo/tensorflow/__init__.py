@@ -21,6 +21,7 @@ from ..core import (
     barrier,
     broadcast_object,
 )
+from ..plugins import keras2 as _keras2
 from . import elastic
 from .collectives import (
     allgather,
@@ -82,9 +83,9 @@ from . import compression, functions, mpi_ops, sync_batch_norm, util  # noqa: E4
 def __getattr__(name: str) -> Any:
     # A Keras layer: importing Keras costs seconds, so only a script that uses it pays.
     if name == "SyncBatchNormalization":
-        from ..plugins import keras2  # the layer is tf.keras's: Keras 2's under TF_USE_LEGACY_KERAS=1
+        # The layer is tf.keras's: Keras 2's under TF_USE_LEGACY_KERAS=1.
         from .batch_norm import SyncBatchNormalization, keras2_layer  # lazy: imports Keras
 
-        tf_keras = keras2.module() if keras2.requested() else None
+        tf_keras = _keras2.module() if _keras2.requested() else None
         return keras2_layer(tf_keras) if tf_keras is not None else SyncBatchNormalization
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -12,6 +12,7 @@ from typing import Any
 from ..core.api.compression import Compression
 from ..core.api.process_sets import global_process_set
 from ..core.base.ops import Average
+from ..plugins import keras2
 from ..plugins.grad_settings import Settings, make_settings
 from .errors import TensorFlowArgumentError
 from .grad_exchange import reduce_gradients
@@ -131,8 +132,6 @@ def PartialDistributedGradientTape(gradtape: Any, device_dense: str = "", device
     ``DistributedGradientTape``'s.
     """
     import keras  # lazy: only a script that keeps layers local pays for Keras
-
-    from ..plugins import keras2
 
     tf_keras = keras2.module()
     kinds = (keras.layers.Layer, tf_keras.layers.Layer) if tf_keras is not None else (keras.layers.Layer,)
