@@ -33,7 +33,7 @@ _NEEDS = {"tensorflow": "tensorflow", "torch": "torch", "jax": "jax"}
 _EXTRA = {"tensorflow": "horo[tensorflow-cpu]", "torch": "horo[torch]", "jax": "horo[jax]"}
 
 
-KERAS2_FILES = ["test_keras2_optimizer.py", "test_keras2_training.py"]
+KERAS2_FILES = ["test_keras2_optimizer.py", "test_keras2_training.py", "test_keras2_tensorflow.py"]
 
 
 @pytest.mark.mpi
