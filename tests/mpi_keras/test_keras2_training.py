@@ -147,3 +147,26 @@ def test_elastic_callbacks_in_a_keras2_fit(hvd, rank, tfk):
         hvd.elastic.CommitStateCallback(state, batches_per_commit=2)])
     assert (state.epoch, state.batch) == (2, 0)
     assert_same_on_all_ranks(model.get_weights())
+
+
+def test_mixed_float16_exchanges_before_the_finite_check_and_refuses_local_checks(hvd, rank, tfk):
+    """compile() wraps the distributed optimizer in Keras 2's LossScaleOptimizer: its finite check sees the
+    averaged gradients (all ranks skip or apply together); with local sums or Adasum it would see each rank's
+    own, so that is refused on every rank before any step."""
+    tfk.mixed_precision.set_global_policy("mixed_float16")
+    try:
+        x, y = _data(rank, 16)
+        model = _model(tfk, seed=0)
+        model.compile(optimizer=hvd.DistributedOptimizer(tfk.optimizers.SGD(0.01)), loss="mse")
+        model.fit(x, y, batch_size=4, epochs=1, verbose=0)
+        assert type(model.optimizer).__name__.startswith("LossScaleOptimizer")
+        assert_same_on_all_ranks(model.get_weights())
+        for kwargs in ({"backward_passes_per_step": 2}, {"op": hvd.Adasum}):
+            model = _model(tfk, seed=0)
+            model.compile(optimizer=hvd.DistributedOptimizer(tfk.optimizers.SGD(0.01), **kwargs), loss="mse")
+            if hvd.size() == 1 and "op" in kwargs:
+                continue  # one rank: Adasum has nothing to combine, nothing to refuse
+            with pytest.raises(ValueError, match="LossScaleOptimizer"):
+                model.fit(x, y, batch_size=4, epochs=1, verbose=0)
+    finally:
+        tfk.mixed_precision.set_global_policy("float32")

@@ -17,7 +17,7 @@ from typing import Any
 
 from ..core.base.ops import Adasum
 from ..plugins.keras2 import module, requested
-from .optimizer_base import DistributedBase
+from .optimizer_base import DistributedBase, calling_loss_scaler
 
 __all__ = ["module", "requested", "classes", "is_keras2", "is_keras2_class", "Keras2Mixin", "register_name",
            "momentum_slots"]
@@ -86,7 +86,18 @@ class Keras2Mixin(DistributedBase):
         return state.aggregator is not None or (state.settings.op is Adasum and state.settings.size() > 1)
 
     def _horo_reduce(self, grads: list[Any], variables: list[Any]) -> list[Any]:
-        return list(grads) if self._horo_deferred() else self._horo_exchange(list(grads), list(variables))
+        if not self._horo_deferred():
+            return self._horo_exchange(list(grads), list(variables))
+        if calling_loss_scaler(self, frames=6) is not None:
+            # Its inf/NaN check would see this rank's own gradients: ranks could disagree and deadlock.
+            raise ValueError(
+                "A LossScaleOptimizer (mixed_float16) wraps this DistributedOptimizer, and with "
+                "backward_passes_per_step > 1 or op=Adasum its finite check would run on each rank's LOCAL "
+                "gradients, so ranks could skip different steps and deadlock. Received: backward_passes_per_step="
+                f"{self._horo.settings.backward_passes_per_step}, op={self._horo.settings.op!r}. HINT: under "
+                "mixed_float16 use backward_passes_per_step=1 and op=hvd.Average or hvd.Sum."
+            )
+        return list(grads)
 
     def compute_gradients(self, loss: Any, var_list: Any, tape: Any = None) -> list[tuple[Any, Any]]:
         """The plain optimizer's ``(gradient, variable)`` pairs, the gradients averaged across ranks."""

@@ -11,7 +11,6 @@ the plain optimizer's), and the object is switched to that class, keeping its st
 
 from __future__ import annotations
 
-import sys
 from types import ModuleType
 from typing import Any
 
@@ -22,7 +21,7 @@ from ..plugins.grad_settings import Settings, make_settings
 from . import backend as _backends
 from . import keras2
 from ._require import require_keras
-from .optimizer_base import DistributedBase, install
+from .optimizer_base import DistributedBase, calling_loss_scaler, install
 
 __all__ = ["DistributedOptimizer", "PartialDistributedOptimizer", "is_distributed", "distribute_in_place",
            "import_keras"]
@@ -33,19 +32,6 @@ def import_keras() -> ModuleType:
     return require_keras()
 
 
-def _hidden_loss_scaler(opt: Any) -> Any:
-    """The LossScaleOptimizer that is calling ``opt.apply`` (it checks LOCAL gradients first), if any."""
-    frame = sys._getframe(2)
-    for _ in range(4):
-        if frame is None:
-            return None
-        owner = frame.f_locals.get("self")
-        if owner is not None and owner is not opt and getattr(owner, "inner_optimizer", None) is opt:
-            return owner
-        frame = frame.f_back
-    return None
-
-
 class _DistributedMixin(DistributedBase):
     """Keras 3's adapter, placed in front of the user's optimizer class; see ``DistributedOptimizer``."""
 
@@ -54,7 +40,7 @@ class _DistributedMixin(DistributedBase):
         return _backends.current()
 
     def apply(self, grads: Any, trainable_variables: Any = None) -> Any:
-        if _hidden_loss_scaler(self) is not None:
+        if calling_loss_scaler(self) is not None:
             raise ValueError(
                 "A LossScaleOptimizer wraps this DistributedOptimizer, so each rank would skip or apply "
                 "the step on its LOCAL inf/NaN check and the ranks could deadlock. Received: "

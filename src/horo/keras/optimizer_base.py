@@ -9,6 +9,7 @@ module's ``exchange`` (the TensorFlow one, ``horo.tensorflow.grad_exchange.reduc
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 from types import ModuleType
 from typing import Any
@@ -19,7 +20,7 @@ from ..core.base.ops import Adasum, Average
 from ..plugins.fused import FusedAllreduce
 from ..plugins.grad_settings import Settings, make_settings
 
-__all__ = ["State", "DistributedBase", "install", "default_settings"]
+__all__ = ["State", "DistributedBase", "install", "default_settings", "calling_loss_scaler"]
 
 Apply = Callable[[list[Any]], Any]
 
@@ -49,6 +50,20 @@ def install(optimizer: Any, settings: Settings) -> None:
     attach = getattr(optimizer, "_horo_attach", None)
     if attach is not None:
         attach()
+
+
+def calling_loss_scaler(opt: Any, frames: int = 4) -> Any:
+    """The LossScaleOptimizer among the callers of the function that calls this (it checks gradients for
+    inf/NaN and skips the inner optimizer's step on its own rank's finding), if any."""
+    frame = sys._getframe(2)
+    for _ in range(frames):
+        if frame is None:
+            return None
+        owner = frame.f_locals.get("self")
+        if owner is not None and owner is not opt and getattr(owner, "inner_optimizer", None) is opt:
+            return owner
+        frame = frame.f_back
+    return None
 
 
 def _scaled(grad: Any, scale: float) -> Any:
