@@ -201,3 +201,22 @@ def test_from_config_gives_a_distributed_optimizer_with_the_same_config(hvd, tfk
     assert tfk.optimizers.serialize(opt)["class_name"].endswith("Adam")
     with pytest.raises(ValueError, match="already distributed"):
         hvd.DistributedOptimizer(opt)
+
+
+def test_an_infinite_pass_spoils_only_its_own_cycle(hvd, rank, tfk):
+    """The local sums are reset after each update: an inf in one cycle's passes leaves the next cycle finite."""
+    import tensorflow as tf
+
+    opt = hvd.DistributedOptimizer(tfk.optimizers.SGD(0.0), backward_passes_per_step=2)
+    x = tf.Variable(1.0)
+    passes = tf.Variable(0)
+
+    def loss():
+        passes.assign_add(1)
+        return tf.cond(passes > 1, lambda: x, lambda: x * float("inf"))
+
+    sums = []
+    for _ in range(4):
+        opt.apply_gradients(opt._compute_gradients(loss, var_list=[x]))
+        sums.append(float(opt._agg_helper.sums[0].numpy()))
+    assert sums[0] == float("inf") and sums[1:] == [0.0, 1.0, 0.0]

@@ -54,6 +54,19 @@ def test_fit_with_the_callbacks_ends_with_equal_weights_and_averaged_logs(hvd, w
     assert history.history["learning_rate"][-1] == pytest.approx(0.01 * world)
 
 
+def test_broadcast_callback_leaves_local_variables_alone(hvd, world, rank, tfk):
+    model = _model(tfk, seed=rank)
+    mine = model.get_weights()
+    model.compile(optimizer=hvd.DistributedOptimizer(tfk.optimizers.SGD(0.0)), loss="mse")
+    x, y = _data(rank, 4)
+    root = world - 1
+    model.fit(x, y, batch_size=4, epochs=1, verbose=0, callbacks=[
+        hvd.callbacks.BroadcastGlobalVariablesCallback(root, local_variables=model.layers[0].weights)])
+    theirs = hvd.broadcast_object(mine, root_rank=root)
+    got = model.get_weights()
+    agree(lambda: [np.testing.assert_array_equal(g, mine[i] if i < 2 else theirs[i]) for i, g in enumerate(got)])
+
+
 @pytest.mark.parametrize("family", ["current", "legacy"])
 def test_momentum_correction_scales_both_families_velocities(hvd, tfk, family):
     from horo.keras.callbacks.learning_rate import momentum_variables
