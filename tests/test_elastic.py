@@ -249,13 +249,16 @@ def test_elastic_sampler_covers_each_sample_once_across_a_reset(tmp_path: Path) 
 
 
 @needs_ulfm
-@pytest.mark.parametrize("backend", ["tensorflow", "torch", "jax"])
+@pytest.mark.parametrize("backend", ["tensorflow", "torch", "jax", "keras2"])
 @pytest.mark.timeout(300)
 def test_keras_fit_survives_a_kill(tmp_path: Path, backend: str) -> None:
-    """Keras fit with KerasState and the three callbacks: rank 2 dies mid-epoch, fit goes on with 2."""
-    pytest.importorskip("jax" if backend == "jax" else "keras")
+    """Keras fit with KerasState and the three callbacks: rank 2 dies mid-epoch, fit goes on with 2 (Keras 3 on
+    each backend, and Keras 2: tf.keras under TF_USE_LEGACY_KERAS=1)."""
+    pytest.importorskip({"jax": "jax", "keras2": "tf_keras"}.get(backend, "keras"))
+    env = {"KERAS_BACKEND": "tensorflow", "TF_USE_LEGACY_KERAS": "1"} if backend == "keras2" else \
+        {"KERAS_BACKEND": backend}
     job = run_elastic(tmp_path, "keras_train.py", ["-np", "3", "--min-np", "2", "--max-np", "3"],
-                      {"ELASTIC_KILLS": "1:5:2:0", "EPOCHS": "3", "KERAS_BACKEND": backend}, timeout=240)
+                      {"ELASTIC_KILLS": "1:5:2:0", "EPOCHS": "3", **env}, timeout=240)
     assert job.rc == 0, _show(job)
     ranks = job.by_rank()
     assert sorted(ranks) == [0, 1], _show(job)

@@ -20,10 +20,10 @@ pytestmark = pytest.mark.skipif(
 )
 
 
-def _hororun(script: str, *args: str, cwd: Path, **extra_env: str) -> str:
+def _hororun(script: str, *args: str, cwd: Path, np: int = 2, **extra_env: str) -> str:
     env = dict(os.environ, OMP_NUM_THREADS="1", TF_CPP_MIN_LOG_LEVEL="3", KERAS_BACKEND="tensorflow")
     env.update(extra_env)
-    cmd = [sys.executable, "-m", "horo.run", "-np", "2", sys.executable, str(REPO / "examples" / script), *args]
+    cmd = [sys.executable, "-m", "horo.run", "-np", str(np), sys.executable, str(REPO / "examples" / script), *args]
     proc = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=TIMEOUT)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-6000:]
@@ -35,6 +35,19 @@ def _hororun(script: str, *args: str, cwd: Path, **extra_env: str) -> str:
 def test_keras_fit_recipe_on_two_ranks(tmp_path: Path) -> None:
     out = _hororun("keras_fit.py", "--epochs", "2", "--warmup-epochs", "1", "--samples", "2048", cwd=tmp_path)
     assert "best checkpoint reloaded with a distributed SGD" in out, out[-6000:]
+    assert "weights identical on all 2 ranks: True" in out, out[-6000:]
+
+
+@pytest.mark.mpi
+@pytest.mark.timeout(TIMEOUT + 30)
+@pytest.mark.skipif(importlib.util.find_spec("tf_keras") is None, reason="needs tf_keras ('horo[tf-keras]')")
+@pytest.mark.parametrize("np", [2, 3])
+def test_keras_fit_recipe_on_keras2(tmp_path: Path, np: int) -> None:
+    """The same script with TF_USE_LEGACY_KERAS=1: tf.keras models (tf_keras), checkpoint reloaded by tf_keras."""
+    out = _hororun("keras_fit.py", "--epochs", "2", "--warmup-epochs", "1", "--samples", "2048", cwd=tmp_path,
+                   np=np, TF_USE_LEGACY_KERAS="1")
+    assert "best checkpoint reloaded with a distributed SGD" in out, out[-6000:]
+    assert f"weights identical on all {np} ranks: True" in out, out[-6000:]
 
 
 @pytest.mark.mpi

@@ -26,8 +26,8 @@ import horo
 REPO = Path(__file__).resolve().parents[1]
 PYPROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())
 WHEEL_TIMEOUT = 900.0
-FRAMEWORKS = ("torch", "tensorflow", "tensorflow-cpu", "keras", "lightning", "pytorch-lightning", "jax", "optax",
-              "flax", "mpi4jax")
+FRAMEWORKS = ("torch", "tensorflow", "tensorflow-cpu", "keras", "tf-keras", "lightning", "pytorch-lightning", "jax",
+              "optax", "flax", "mpi4jax")
 
 
 def _name(req: str) -> str:
@@ -50,7 +50,9 @@ def test_extras_state_ranges_and_constraints_pin() -> None:
     pins = {_name(ln): ln for ln in (REPO / "constraints.txt").read_text().splitlines()
             if ln.strip() and not ln.startswith("#")}
     assert pins["torch"].startswith("torch==")
-    assert all(pins[n].startswith(f"{n}==") for n in ("jax", "jaxlib", "optax", "flax"))
+    assert all(pins[n].startswith(f"{n}==") for n in ("jax", "jaxlib", "optax", "flax", "tf-keras"))
+    # Keras 2 is in the development venv, so `make test` runs the Keras suites under both Kerases.
+    assert "tf-keras" in (REPO / "Makefile").read_text().split("EXTRAS ?=", 1)[1].splitlines()[0].split(",")
     # CI's venv has JAX, so the JAX suites run; mpi4jax (compiled at install) stays out of it.
     makefile = (REPO / "Makefile").read_text()
     extras_line = next(ln for ln in makefile.splitlines() if ln.startswith("EXTRAS"))

@@ -1,4 +1,5 @@
-"""An elastic Keras ``fit`` (any backend, KERAS_BACKEND) with KerasState and the three callbacks.
+"""An elastic Keras ``fit`` (any backend, KERAS_BACKEND; Keras 2's tf.keras with TF_USE_LEGACY_KERAS=1) with
+KerasState and the three callbacks.
 
 Environment: ELASTIC_OUT, ELASTIC_KILLS ("epoch:batch:rank:reset,..."), EPOCHS.
 """
@@ -9,8 +10,14 @@ import signal
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
-import keras  # noqa: E402
 import numpy as np  # noqa: E402
+
+if os.environ.get("TF_USE_LEGACY_KERAS") == "1":  # Keras 2
+    import tensorflow as tf
+
+    keras = tf.keras
+else:
+    import keras
 
 import horo.keras as hvd  # noqa: E402
 
@@ -60,7 +67,7 @@ def train(state):
 
 train(state)
 log.update(rank=hvd.rank(), size=hvd.size(), epoch=state.epoch,
-           lr=float(keras.ops.convert_to_numpy(model.optimizer.learning_rate)),
+           lr=float(np.asarray(model.optimizer.learning_rate.numpy())),
            weights=[w.tolist() for w in model.get_weights()])
 with open(os.path.join(OUT, f"result.{os.getpid()}.json"), "w") as f:
     json.dump(log, f)

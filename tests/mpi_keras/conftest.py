@@ -1,7 +1,9 @@
 """Fixtures for the Keras / TensorFlow suite. Every test runs in every rank of an MPI job of any size.
 
-Run through tests/test_keras_mpi.py (sizes 1, 2, 3; KERAS_BACKEND tensorflow, torch and jax), or by hand:
+Run through tests/test_keras_mpi.py (sizes 1, 2, 3; KERAS_BACKEND tensorflow, torch and jax; and Keras 2, i.e.
+TF_USE_LEGACY_KERAS=1, for the ``tfk`` tests), or by hand:
     KERAS_BACKEND=torch mpiexec -n 2 python -m pytest tests/mpi_keras -q -p no:cacheprovider --timeout=120
+    TF_USE_LEGACY_KERAS=1 mpiexec -n 2 python -m pytest tests/mpi_keras/test_keras2_*.py -q -p no:cacheprovider
 A plain ``pytest tests`` does not collect this directory (it would run it in one process, twice as slowly).
 """
 
@@ -57,6 +59,19 @@ def tf_backend(backend):
     """Skip unless Keras runs on TensorFlow (sparse gradients, XLA, tf.function)."""
     if backend != "tensorflow":
         pytest.skip("TensorFlow-backend behaviour")
+
+
+@pytest.fixture
+def tfk(backend):
+    """Keras 2 (``tf_keras``, which ``tf.keras`` is under TF_USE_LEGACY_KERAS=1); skips in a Keras 3 run."""
+    if os.environ.get("TF_USE_LEGACY_KERAS") not in ("1", "true", "True") or backend != "tensorflow":
+        pytest.skip("Keras 2 behaviour: runs with TF_USE_LEGACY_KERAS=1 (tests/test_keras_mpi.py's keras2 jobs)")
+    import tensorflow as tf
+
+    keras2 = tf.keras
+    if not keras2.__name__.startswith("tf_keras"):
+        pytest.skip("tf_keras is not installed (pip install 'horo[tf-keras]')")
+    return keras2
 
 
 @pytest.fixture

@@ -61,3 +61,31 @@ def test_partial_tape_splits_local_and_global_and_refuses_non_layers(hvd, tf_bac
     assert float(local[0][1]) == 2.0
     with pytest.raises(ValueError, match="Received: local_layers"):
         htf.PartialDistributedGradientTape(tf.GradientTape(), local_layers=[keras.layers.Dense(1), "x"])
+
+
+def test_horovods_submodules_and_helpers_are_attributes_of_the_facade(hvd, world, tf_backend):
+    """``hvd.mpi_ops``, ``hvd.util``, ... without importing them first; ``hvd._executing_eagerly()``; the
+    id-to-ranks map of ``mpi_ops._basics`` (Horovod's tests read it)."""
+    import tensorflow as tf
+
+    import horo.tensorflow as htf
+
+    for name in ("mpi_ops", "util", "compression", "functions", "sync_batch_norm", "elastic"):
+        assert getattr(htf, name).__name__ == f"horo.tensorflow.{name}"
+    assert htf._executing_eagerly() is True
+    assert tf.function(lambda: tf.constant(htf.util._executing_eagerly()))().numpy() == False  # noqa: E712
+    ps = hvd.add_process_set([world - 1]) if world > 1 else hvd.global_process_set
+    try:
+        got = htf.mpi_ops._basics._get_process_set_ids_and_ranks()
+        assert got == hvd.get_process_sets() and got[0] == list(range(world))
+        assert got[ps.process_set_id] == ps.ranks
+        assert htf.mpi_ops._basics._process_set_size(ps.process_set_id) == len(ps.ranks)
+        assert htf.mpi_ops._basics.size() == world
+    finally:
+        if world > 1:
+            hvd.remove_process_set(ps)
+    a, b = tf.Variable(1.0), tf.Variable(2.0)
+    refs = htf.util.vars_to_refs([a, [b]])
+    assert refs == (a.ref(), (b.ref(),))
+    back = htf.util.refs_to_vars(refs)
+    assert back[0] is a and back[1][0] is b

@@ -1,5 +1,6 @@
-"""horo for Keras 3 (TensorFlow, torch and JAX backends): ``import horo.keras as hvd`` where Horovod had
-``import horovod.keras as hvd`` / ``horovod.tensorflow.keras``.
+"""horo for Keras 3 (TensorFlow, torch and JAX backends) and Keras 2 (``tf_keras``, ``tf.keras`` under
+``TF_USE_LEGACY_KERAS=1``): ``import horo.keras as hvd`` where Horovod had ``import horovod.keras as hvd`` /
+``horovod.tensorflow.keras``. Each piece serves the Keras that the objects given to it belong to.
 
 Runtime functions (init, size, rank, ...), ops and process sets come from the core; the collectives take
 and return Keras/backend tensors; ``DistributedOptimizer``, ``load_model``, ``broadcast_global_variables``

@@ -50,7 +50,8 @@ def require_keras() -> ModuleType:
     if not major.isdigit() or int(major) < 3:
         raise ImportError(
             f"horo.keras needs Keras 3. Received: keras.__version__={keras.__version__!r}. "
-            "HINT: pip install -U 'horo[keras]' (Keras 2 users: import horo.tensorflow for custom loops)."
+            "HINT: pip install -U 'horo[keras]' (Keras 2 models, tf_keras, are served too: horo.keras needs "
+            "Keras 3 installed next to tf_keras, as TensorFlow itself does)."
         )
     return keras
 

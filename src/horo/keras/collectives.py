@@ -9,8 +9,9 @@ import numpy as np
 
 from .. import core
 from ..core.api.compression import Compression
-from ..core.api.process_sets import ProcessSet
+from ..core.api.process_sets import ProcessSet, global_process_set
 from ..plugins.packing import broadcast_arrays, model_variables
+from . import keras2
 from .optimizer import import_keras
 
 __all__ = ["allreduce", "allgather", "broadcast", "reducescatter", "broadcast_variables",
@@ -25,6 +26,12 @@ def _traced_tf() -> Any:
     import tensorflow as tf
 
     return None if tf.executing_eagerly() else tf
+
+
+def _graph_mode() -> bool:
+    import tensorflow as tf  # only asked when Keras 2 (which runs on TensorFlow) is in use
+
+    return not tf.executing_eagerly()
 
 
 def _host(value: Any) -> np.ndarray:
@@ -103,11 +110,20 @@ def broadcast_global_variables(root_rank: int = 0, model: Any = None,
                                process_set: ProcessSet | None = None) -> None:
     """Broadcast a model's variables and its optimizer's from ``root_rank`` (Keras 3 has no global graph).
 
+    Keras 2 in graph mode (``tf.compat.v1``) may leave out ``model``, as in Horovod: every global variable of the
+    default graph is broadcast, in Keras's session.
+
     Args:
         root_rank: the rank whose values win.
         model: the Keras model (its optimizer's variables are built and included).
         process_set: the ranks to broadcast to.
     """
+    k2 = keras2.module()
+    if model is None and k2 is not None and _graph_mode():
+        from ..tensorflow.runtime_ops import broadcast_global_variables as graph_broadcast  # lazy: imports TF
+
+        k2.backend.get_session().run(graph_broadcast(root_rank, process_set or global_process_set))
+        return
     if model is None:
         raise ValueError(
             "Keras 3 keeps no global variable collection, so the model must be named. Received: model=None. "

@@ -1,8 +1,9 @@
-"""Elastic training for Keras 3 (every backend): ``KerasState`` and the three callbacks (Horovod's API).
+"""Elastic training for Keras 3 (every backend) and Keras 2 (``tf_keras``): ``KerasState`` and the three callbacks
+(Horovod's API).
 
-Written once on Keras' own API (``get_weights``/``set_weights``, ``optimizer.variables``), so the same code
-serves the TensorFlow and the torch backend. Also re-exports the framework-free part (``run``, ``State``,
-``ObjectState``, ``HostsUpdatedInterrupt``, ``HoroInternalError``/``HorovodInternalError``).
+Written once on Keras' own API (``get_weights``/``set_weights``, the optimizer's variables), so the same code
+serves the TensorFlow, torch and JAX backends and Keras 2's models. Also re-exports the framework-free part
+(``run``, ``State``, ``ObjectState``, ``HostsUpdatedInterrupt``, ``HoroInternalError``/``HorovodInternalError``).
 
 Within ``fit`` a reset restarts the epoch it interrupted from its first batch, on the weights of the last
 commit (Keras cannot start an epoch mid-way); pass ``initial_epoch=state.epoch`` so finished epochs are not
@@ -27,7 +28,9 @@ from ..elastic import (
     reset_count,
     run,
 )
-from ..plugins.packing import model_variables, optimizer_variables
+from ..plugins.packing import current_optimizer_variables, model_variables, optimizer_variables
+from . import keras2
+from .callbacks._base import Callback
 from .collectives import broadcast_variables
 
 __all__ = ["KerasState", "TensorFlowKerasState", "CommitStateCallback", "UpdateBatchStateCallback",
@@ -39,14 +42,14 @@ class KerasState(ObjectState):
     """A Keras model (and its optimizer) plus any picklable values (``epoch=0, batch=0``).
 
     Args:
-        model: a built ``keras.Model``.
+        model: a built ``keras.Model`` (Keras 3's, or Keras 2's ``tf_keras.Model``).
         optimizer: defaults to ``model.optimizer``.
         **kwargs: more values to save, restore and sync.
     """
 
     def __init__(self, model: Any, optimizer: Any = None, **kwargs: Any) -> None:
-        if not isinstance(model, keras.Model):
-            raise TypeError(f"KerasState: model must be a keras.Model. Received: model of type "
+        if not isinstance(model, (keras.Model, *keras2.classes("model"))):
+            raise TypeError(f"KerasState: model must be a Keras model. Received: model of type "
                             f"{type(model).__name__}. HINT: KerasState(model, epoch=0, batch=0).")
         self.model = model
         self.optimizer = optimizer if optimizer is not None else getattr(model, "optimizer", None)
@@ -60,9 +63,7 @@ class KerasState(ObjectState):
         if sync is not None:  # on JAX, fit keeps the state outside the variables during an epoch
             sync()
         self._saved_model = [np.array(w, copy=True) for w in self.model.get_weights()]
-        opt = self.optimizer
-        self._saved_opt = ([np.array(keras.ops.convert_to_numpy(v), copy=True) for v in opt.variables]
-                           if opt is not None and opt.built else [])
+        self._saved_opt = [np.array(_host(v), copy=True) for v in current_optimizer_variables(self.optimizer)]
 
     def save(self) -> None:
         self._save_model()
@@ -78,10 +79,11 @@ class KerasState(ObjectState):
     def restore(self) -> None:
         self.model.set_weights(self._saved_model)
         opt = self.optimizer
-        if opt is not None and not opt.built and self._saved_opt:  # a restarted job resumes a trained optimizer
-            optimizer_variables(self.model, opt)
-        if opt is not None and opt.built and len(self._saved_opt) == len(opt.variables):
-            for var, value in zip(opt.variables, self._saved_opt):
+        current = current_optimizer_variables(opt)
+        if opt is not None and len(current) != len(self._saved_opt) and self._saved_opt:
+            current = optimizer_variables(self.model, opt)  # a restarted job resumes a trained optimizer
+        if len(current) == len(self._saved_opt):
+            for var, value in zip(current, self._saved_opt):
                 var.assign(value)
         super().restore()
 
@@ -96,11 +98,15 @@ class KerasState(ObjectState):
         self._save_model()
 
 
+def _host(variable: Any) -> Any:
+    return variable.numpy() if keras2.is_keras2(variable, "variable") else keras.ops.convert_to_numpy(variable)
+
+
 TensorFlowKerasState = KerasState
 """Horovod's name for the same state (``horovod.tensorflow.keras.elastic.TensorFlowKerasState``)."""
 
 
-class CommitStateCallback(keras.callbacks.Callback):
+class CommitStateCallback(Callback):
     """``state.commit()`` every ``batches_per_commit`` batches (and at the end of every epoch).
 
     Place it after ``UpdateBatchStateCallback`` and ``UpdateEpochStateCallback`` in the list.
@@ -126,7 +132,7 @@ class CommitStateCallback(keras.callbacks.Callback):
         self.batches_remaining = self.batches_per_commit
 
 
-class UpdateBatchStateCallback(keras.callbacks.Callback):
+class UpdateBatchStateCallback(Callback):
     """Keep ``state.batch`` at the number of batches done in the current epoch (0 at its end)."""
 
     def __init__(self, state: State) -> None:
@@ -140,7 +146,7 @@ class UpdateBatchStateCallback(keras.callbacks.Callback):
         self.state.batch = 0
 
 
-class UpdateEpochStateCallback(keras.callbacks.Callback):
+class UpdateEpochStateCallback(Callback):
     """Keep ``state.epoch`` at the number of finished epochs: resume with ``fit(initial_epoch=state.epoch)``."""
 
     def __init__(self, state: State) -> None:

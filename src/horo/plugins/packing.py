@@ -11,7 +11,7 @@ import numpy as np
 from .. import core
 from ..core.api.process_sets import ProcessSet
 
-__all__ = ["broadcast_arrays", "model_variables", "optimizer_variables"]
+__all__ = ["broadcast_arrays", "current_optimizer_variables", "model_variables", "optimizer_variables"]
 
 
 def _layout_name(prefix: str, arrays: Sequence[np.ndarray]) -> str:
@@ -44,14 +44,32 @@ def broadcast_arrays(arrays: Sequence[np.ndarray], root_rank: int, name: str = "
     return result
 
 
-def optimizer_variables(model: Any, optimizer: Any) -> list[Any]:
-    """A Keras optimizer's variables, building its slots for ``model`` first (a new worker has not built them,
-    and a broadcast needs them); [] without an optimizer. Keras' public API only, whatever the backend."""
+def _built(optimizer: Any) -> bool:
+    return bool(getattr(optimizer, "built", getattr(optimizer, "_built", False)))  # Keras 3's, Keras 2's
+
+
+def current_optimizer_variables(optimizer: Any) -> list[Any]:
+    """A Keras optimizer's variables as they are now (none before it is built), Keras 3's or Keras 2's."""
     if optimizer is None:
         return []
-    if not optimizer.built:
+    if hasattr(optimizer, "_create_all_weights"):  # Keras 2's legacy optimizers: created on demand
+        return list(optimizer.weights)
+    if not _built(optimizer):
+        return []
+    variables = optimizer.variables
+    return list(variables() if callable(variables) else variables)  # Keras 2's is a callable list
+
+
+def optimizer_variables(model: Any, optimizer: Any) -> list[Any]:
+    """A Keras optimizer's variables, building its slots for ``model`` first (a new worker has not built them,
+    and a broadcast needs them); [] without an optimizer. Keras 3's public API, or Keras 2's (``tf_keras``)."""
+    if optimizer is None:
+        return []
+    if hasattr(optimizer, "_create_all_weights"):
+        optimizer._create_all_weights(model.trainable_variables)
+    elif not _built(optimizer):
         optimizer.build(model.trainable_variables)
-    return list(optimizer.variables)
+    return current_optimizer_variables(optimizer)
 
 
 def model_variables(model: Any, optimizer: Any = None) -> list[Any]:

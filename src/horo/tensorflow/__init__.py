@@ -21,6 +21,7 @@ from ..core import (
     barrier,
     broadcast_object,
 )
+from ..plugins import keras2 as _keras2
 from . import elastic
 from .collectives import (
     allgather,
@@ -58,6 +59,7 @@ from .runtime_ops import (
     size_op,
 )
 from .tensors import import_tf
+from .util import _executing_eagerly  # noqa: F401 - Horovod's helper, called as hvd._executing_eagerly()
 
 __all__ = [
     *_shared,
@@ -74,11 +76,16 @@ __all__ = [
 
 import_tf()  # fail at import, naming the packages to install, rather than at the first collective
 
+# Horovod's submodules, attributes of the package as in Horovod (they read the names defined above).
+from . import compression, functions, mpi_ops, sync_batch_norm, util  # noqa: E402, F401, I001
+
 
 def __getattr__(name: str) -> Any:
     # A Keras layer: importing Keras costs seconds, so only a script that uses it pays.
     if name == "SyncBatchNormalization":
-        from .batch_norm import SyncBatchNormalization  # lazy: imports Keras
+        # The layer is tf.keras's: Keras 2's under TF_USE_LEGACY_KERAS=1.
+        from .batch_norm import SyncBatchNormalization, keras2_layer  # lazy: imports Keras
 
-        return SyncBatchNormalization
+        tf_keras = _keras2.module() if _keras2.requested() else None
+        return keras2_layer(tf_keras) if tf_keras is not None else SyncBatchNormalization
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

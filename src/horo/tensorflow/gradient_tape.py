@@ -12,6 +12,7 @@ from typing import Any
 from ..core.api.compression import Compression
 from ..core.api.process_sets import global_process_set
 from ..core.base.ops import Average
+from ..plugins import keras2
 from ..plugins.grad_settings import Settings, make_settings
 from .errors import TensorFlowArgumentError
 from .grad_exchange import reduce_gradients
@@ -132,9 +133,10 @@ def PartialDistributedGradientTape(gradtape: Any, device_dense: str = "", device
     """
     import keras  # lazy: only a script that keeps layers local pays for Keras
 
-    layers = [] if local_layers is None else [local_layers] if isinstance(local_layers, keras.layers.Layer) \
-        else local_layers
-    if not isinstance(layers, (list, tuple)) or not all(isinstance(la, keras.layers.Layer) for la in layers):
+    tf_keras = keras2.module()
+    kinds = (keras.layers.Layer, tf_keras.layers.Layer) if tf_keras is not None else (keras.layers.Layer,)
+    layers = [] if local_layers is None else [local_layers] if isinstance(local_layers, kinds) else local_layers
+    if not isinstance(layers, (list, tuple)) or not all(isinstance(la, kinds) for la in layers):
         raise TensorFlowArgumentError(f"local_layers must be Keras layers. Received: local_layers={local_layers!r}. "
                                       "HINT: pass the layer objects, e.g. local_layers=[model.layers[-1]].")
     tape = DistributedGradientTape(gradtape, device_dense, device_sparse, compression, sparse_as_dense, op,

@@ -11,6 +11,9 @@ from __future__ import annotations
 from .. import tensorflow as _facade
 from .._facade import *  # noqa: F403
 from .._facade import __all__ as _shared
+from ..common.basics import HorovodBasics
+
+_basics = HorovodBasics()  # Horovod's runtime object (``mpi_ops._basics._get_process_set_ids_and_ranks()``)
 
 _OPS = ("allgather", "grouped_allgather", "broadcast", "broadcast_", "alltoall", "join", "rank_op", "local_rank_op",
         "size_op", "local_size_op", "process_set_included_op")

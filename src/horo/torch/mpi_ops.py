@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from .._facade import *  # noqa: F403
 from .._facade import __all__ as _shared
+from ..common.basics import HorovodBasics
 from .functions import (
     HorovodAllgather,
     HorovodAllreduce,
@@ -48,6 +49,8 @@ from .ops import (
     sparse_allreduce_async,
     synchronize,
 )
+
+_basics = HorovodBasics()  # Horovod's runtime object (``mpi_ops._basics._get_process_set_ids_and_ranks()``)
 
 __all__ = [
     *_shared,

@@ -47,8 +47,10 @@ class LocalAggregator:
                          for g, v in zip(grads, variables)]
 
     def step(self, optimizer: Any, grads: Sequence[Any], variables: Sequence[Any],
-             apply_now: Callable[[list[Any]], Any]) -> None:
-        """Add this pass's gradients; on every N-th pass call ``apply_now`` on the (averaged) sums."""
+             apply_now: Callable[[list[Any]], Any]) -> Any:
+        """Add this pass's gradients; on every N-th pass call ``apply_now`` on the (averaged) sums.
+
+        Returns the boolean "applied" tensor (a graph-mode caller runs it: the update hangs off it)."""
         tf = import_tf()
         if self.counter is None:
             self._build(grads, variables)
@@ -74,4 +76,4 @@ class LocalAggregator:
             optimizer.iterations.assign_add(1)
             return tf.constant(False)
 
-        tf.cond(count >= self.passes, apply_branch, skip_branch)
+        return tf.cond(count >= self.passes, apply_branch, skip_branch)

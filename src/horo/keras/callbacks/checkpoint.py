@@ -8,7 +8,7 @@ from typing import Any
 
 from ... import core
 from ..saving import save_atomic
-from ._base import Callback
+from ._base import KERAS_CALLBACKS, Callback
 
 __all__ = ["RootRankOnly", "rank_zero_only", "BestModelCheckpoint"]
 
@@ -34,7 +34,7 @@ class RootRankOnly(Callback):
 
     def __init__(self, callback: Any, root_rank: int = 0) -> None:
         super().__init__()
-        if not isinstance(callback, Callback):
+        if not isinstance(callback, KERAS_CALLBACKS):
             raise TypeError(f"RootRankOnly wraps a Keras callback. Received: callback={callback!r}. "
                             "HINT: pass e.g. keras.callbacks.TensorBoard(log_dir).")
         self.callback = callback

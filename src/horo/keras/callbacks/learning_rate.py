@@ -13,7 +13,10 @@ import numbers
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
+
 from ... import core
+from .. import keras2
 from ..optimizer import import_keras
 from ._base import Callback, sync_state
 
@@ -27,12 +30,26 @@ def _positive(value: Any, arg: str, cls: str) -> float:
     return float(value)
 
 
+def _value(x: Any) -> Any:
+    """A number from a float, a Keras 3 variable or a tf.Variable (Keras 2's hyperparameters are those)."""
+    if x is None or isinstance(x, numbers.Real):
+        return x
+    if keras2.is_keras2(x, "variable"):
+        return float(np.asarray(x.numpy()))
+    return float(import_keras().ops.convert_to_numpy(x))
+
+
 def momentum_variables(optimizer: Any) -> list[Any]:
     """The velocity buffers that momentum correction scales (empty when there is no momentum)."""
     inner = getattr(optimizer, "inner_optimizer", optimizer)  # LossScaleOptimizer keeps slots inside
-    momentum = getattr(inner, "momentum", None)
+    try:
+        momentum = _value(getattr(inner, "momentum", None))
+    except (TypeError, ValueError):
+        return []
     if isinstance(momentum, bool) or not isinstance(momentum, numbers.Real) or momentum <= 0:
         return []
+    if keras2.is_keras2(inner, "optimizer"):
+        return keras2.momentum_slots(inner)
     # Keras names slot variables "<model variable path>_<slot>"; SGD and RMSprop call theirs "momentum".
     return [v for v in inner.variables if str(v.name).endswith("_momentum")]
 
@@ -78,7 +95,7 @@ class LearningRateScheduleCallback(Callback):
     def _lr_variable(self) -> Any:
         keras = import_keras()
         lr = self.model.optimizer.learning_rate
-        if not isinstance(lr, keras.Variable):
+        if not isinstance(lr, keras.Variable) and not keras2.is_keras2(lr, "variable"):
             raise TypeError(
                 f"{type(self).__name__} sets the optimizer's learning rate, which is a schedule here. "
                 f"Received: learning_rate={lr!r}. HINT: create the optimizer with a float learning_rate, "
@@ -114,20 +131,19 @@ class LearningRateScheduleCallback(Callback):
             self._adjust(epoch + float(batch) / self.steps_per_epoch)
 
     def _adjust(self, epoch: float) -> None:
-        keras = import_keras()
         sync_state(self.model)
         var = self._lr_variable()
-        old = float(keras.ops.convert_to_numpy(var))
+        old = _value(var)
         new = self.initial_lr * float(self.multiplier(epoch))
         var.assign(new)
         if self.momentum_correction and old > 0 and new != old:
             ratio = new / old
             for v in momentum_variables(self.model.optimizer):
-                v.assign(keras.ops.multiply(v, ratio))
+                v.assign(v * ratio if keras2.is_keras2(v, "variable") else import_keras().ops.multiply(v, ratio))
 
     def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
         if logs is not None:
-            logs["learning_rate"] = float(import_keras().ops.convert_to_numpy(self.model.optimizer.learning_rate))
+            logs["learning_rate"] = _value(self.model.optimizer.learning_rate)
 
 
 class LearningRateWarmupCallback(LearningRateScheduleCallback):
@@ -165,5 +181,5 @@ class LearningRateWarmupCallback(LearningRateScheduleCallback):
     def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
         super().on_epoch_end(epoch, logs)
         if self.verbose > 0 and epoch == self.end_epoch - 1:
-            lr = float(import_keras().ops.convert_to_numpy(self.model.optimizer.learning_rate))
+            lr = _value(self.model.optimizer.learning_rate)
             print(f"\nEpoch {epoch + 1}: finished gradual learning rate warmup to {lr:g}.")
