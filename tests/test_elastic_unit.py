@@ -143,6 +143,8 @@ def test_driver_grows_the_world_on_this_machine_only():
 def test_signed_messages_carry_a_binary_payload_and_refuse_a_changed_one():
     import threading
 
+    from horo.core.transport import signed
+
     a, b = socket.socketpair()
     b.settimeout(10)
     try:
@@ -151,14 +153,11 @@ def test_signed_messages_carry_a_binary_payload_and_refuse_a_changed_one():
         sender.start()
         assert recv_msg(b, b"k") == {"op": "commit", BLOB: blob}
         sender.join()
-        send_msg(a, b"k", {"op": "commit", BLOB: b"abc"})
-        line = b""
-        while not line.endswith(b"\n"):
-            line += b.recv(1)
-        assert b.recv(3) == b"abc"
+        frame = signed.encode(b"k", {"op": "commit", BLOB: b"abc"})
+        assert frame.endswith(b"abc")  # the payload follows the signed body, as raw bytes
         c, d = socket.socketpair()
         d.settimeout(10)
-        c.sendall(line + b"abd")  # the signed line with a payload that differs from its digest
+        c.sendall(frame[:-3] + b"abd")  # the signed body with a payload that differs from its digest
         with pytest.raises(ValueError, match="payload does not match"):
             recv_msg(d, b"k")
         c.close()

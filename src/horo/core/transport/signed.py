@@ -1,5 +1,8 @@
-"""Signed messages between horo's own processes (the joining rendezvous, heartbeats): JSON objects, each
-framed by its length and signed with the job's secret (HMAC-SHA256), so a peer without the secret is refused."""
+"""Signed messages between horo's own processes (the joining rendezvous, heartbeats, hororun's elastic
+driver): JSON objects, each framed by its length and signed with the job's secret (HMAC-SHA256), so a peer
+without the secret is refused. A message may carry a binary payload (a committed elastic state): its length
+and SHA-256 go in the signed body and its bytes follow it, so nothing past the body is read before the
+signature has been checked."""
 
 from __future__ import annotations
 
@@ -10,16 +13,22 @@ import socket
 import struct
 from typing import Any
 
-__all__ = ["MAX_BYTES", "encode", "recv", "send"]
+__all__ = ["BLOB", "MAX_BYTES", "encode", "recv", "send"]
 
-MAX_BYTES = 1 << 20
+MAX_BYTES = 1 << 20  # of a message's JSON body (a payload is not limited)
+BLOB = "_blob"  # the key of a message's binary payload (bytes), outside the JSON
 _HEAD = 36  # 4 bytes of length, 32 of HMAC-SHA256
 
 
 def encode(secret: bytes, obj: Any) -> bytes:
-    """One message as bytes: length, HMAC-SHA256 of the JSON body, the body."""
+    """One message as bytes: length, HMAC-SHA256 of the JSON body, the body, then any ``obj[BLOB]`` bytes."""
+    blob = None
+    if isinstance(obj, dict) and BLOB in obj:
+        obj = dict(obj)
+        blob = obj.pop(BLOB)
+        obj["blob_len"], obj["blob_sha256"] = len(blob), hashlib.sha256(blob).hexdigest()
     body = json.dumps(obj, separators=(",", ":")).encode()
-    return struct.pack("!I", len(body)) + hmac.new(secret, body, hashlib.sha256).digest() + body
+    return struct.pack("!I", len(body)) + hmac.new(secret, body, hashlib.sha256).digest() + body + (blob or b"")
 
 
 def send(sock: socket.socket, secret: bytes, obj: Any) -> None:
@@ -27,10 +36,11 @@ def send(sock: socket.socket, secret: bytes, obj: Any) -> None:
 
 
 def recv(sock: socket.socket, secret: bytes) -> Any:
-    """The next message; None at a clean end of the stream.
+    """The next message (a payload under ``BLOB``); None at a clean end of the stream.
 
     Raises:
-        PermissionError: a message not signed with ``secret`` (a peer without the job's secret), or too long.
+        PermissionError: a message not signed with ``secret`` (a peer without the job's secret), too long,
+            cut short, or whose payload does not match its signed digest.
     """
     head = _exactly(sock, _HEAD)
     if head is None:
@@ -41,14 +51,21 @@ def recv(sock: socket.socket, secret: bytes) -> Any:
     body = _exactly(sock, n)
     if body is None or not hmac.compare_digest(head[4:], hmac.new(secret, body, hashlib.sha256).digest()):
         raise PermissionError("a peer sent a message not signed with this job's secret")
-    return json.loads(body)
+    msg = json.loads(body)
+    if isinstance(msg, dict) and "blob_len" in msg:
+        blob = _exactly(sock, int(msg.pop("blob_len")))
+        if blob is None or hashlib.sha256(blob).hexdigest() != msg.pop("blob_sha256", None):
+            raise PermissionError("a message's payload does not match its signed digest")
+        msg[BLOB] = blob
+    return msg
 
 
 def _exactly(sock: socket.socket, n: int) -> bytes | None:
-    buf = b""
-    while len(buf) < n:
-        chunk = sock.recv(n - len(buf))
+    parts, got = [], 0
+    while got < n:
+        chunk = sock.recv(min(n - got, 1 << 20))
         if not chunk:
             return None
-        buf += chunk
-    return buf
+        parts.append(chunk)
+        got += len(chunk)
+    return b"".join(parts)
