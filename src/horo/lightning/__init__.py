@@ -6,10 +6,12 @@ Run with ``hororun -np N python train.py`` (or plain ``mpiexec``, or ``srun --mp
 with ``L.Trainer(strategy="horo", devices=N)``: that process becomes rank 0 and starts the others. Needs
 ``pip install horo[lightning]``. The classes below are the unified package's where it is installed;
 ``classes("pytorch_lightning")`` gives the standalone package's (``.HoroStrategy``, ``.HoroFabricStrategy``).
+Elastic training (``hororun --min-np/--max-np``): ``horo.lightning.elastic``.
 """
 
 from __future__ import annotations
 
 from ..strategies import HoroEnvironment, HoroFabricStrategy, HoroStrategy, classes
+from . import elastic
 
-__all__ = ["HoroEnvironment", "HoroFabricStrategy", "HoroStrategy", "classes"]
+__all__ = ["HoroEnvironment", "HoroFabricStrategy", "HoroStrategy", "classes", "elastic"]

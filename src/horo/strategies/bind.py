@@ -3,8 +3,8 @@
 
 The two packages are copies with their own class hierarchies and registries, so a strategy must subclass the
 ``ParallelStrategy`` of the package it runs in. Each implementation is written once (``strategy.py``,
-``fabric.py``, ``environment.py``, ``layer_sync.py``); ``classes(package)`` binds it to a package's base
-classes, and ``register`` puts ``"horo"`` into that package's Trainer and Fabric registries.
+``fabric.py``, ``environment.py``, ``layer_sync.py``, ``elastic_callback.py``); ``classes(package)`` binds it to a
+package's base classes, and ``register`` puts ``"horo"`` into that package's Trainer and Fabric registries.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ import importlib.util
 from dataclasses import dataclass
 from typing import Any
 
+from .elastic_callback import ElasticCallbackImpl
 from .environment import HoroEnvironmentImpl
 from .fabric import HoroFabricStrategyImpl, NoBackwardSyncImpl, SelfLaunchImpl
 from .layer_sync import HoroSyncBatchNormImpl
@@ -44,6 +45,11 @@ class Bound:
     TorchSyncBatchNorm: Any = None
     reset_seed: Any = None
     optimizers_to_device: Any = None
+    ElasticCallback: Any = None
+    LightningModule: Any = None
+    RunningStage: Any = None
+    SamplerWrapper: Any = None
+    update_dataloader: Any = None
 
     def layer_sync(self, layer_sync: Any) -> Any:
         """Lightning's ``sync_batchnorm=True`` (torch's SyncBatchNorm, GPU only) replaced by horo's."""
@@ -77,6 +83,10 @@ def classes(package: str) -> Bound:
 
     b = Bound(package)
     b.TrainerFn = mod(f"{trainer}.trainer.states").TrainerFn
+    b.RunningStage = mod(f"{trainer}.trainer.states").RunningStage
+    b.LightningModule = mod(f"{trainer}.core.module").LightningModule
+    b.update_dataloader = mod(f"{trainer}.utilities.data")._update_dataloader
+    b.SamplerWrapper = mod(f"{fabric}.utilities.distributed").DistributedSamplerWrapper
     b.MisconfigurationException = mod(f"{trainer}.utilities.exceptions").MisconfigurationException
     layer_sync = mod(f"{trainer}.plugins.layer_sync")
     b.TorchSyncBatchNorm = layer_sync.TorchSyncBatchNorm
@@ -89,6 +99,7 @@ def classes(package: str) -> Bound:
     b.SelfLaunch = _make("SelfLaunch", SelfLaunchImpl, mod(f"{fabric}.strategies.launchers.launcher")._Launcher, b)
     b.NoBackwardSync = _make("NoBackwardSync", NoBackwardSyncImpl, fabric_strategy._BackwardSyncControl, b)
     b.HoroStrategy = _make("HoroStrategy", HoroStrategyImpl, mod(f"{trainer}.strategies.parallel").ParallelStrategy, b)
+    b.ElasticCallback = _make("ElasticCallback", ElasticCallbackImpl, mod(f"{trainer}.callbacks").Callback, b)
     b.HoroFabricStrategy = _make("HoroFabricStrategy", HoroFabricStrategyImpl,
                                  mod(f"{fabric}.strategies.parallel").ParallelStrategy, b)
     return b

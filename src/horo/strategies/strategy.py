@@ -24,6 +24,7 @@ from ..torch.optimizer import _DistributedOptimizer
 from ..torch.state import broadcast_parameters
 from .buffers import BufferSync
 from .common import HoroCommon
+from .elastic_state import committed_checkpoint
 from .launch import check_nodes, start_ranks, started_by_mpi, started_with_ranks
 
 __all__ = ["HoroStrategyImpl"]
@@ -70,6 +71,7 @@ class HoroStrategyImpl(HoroCommon):
         self._exchange: GradientExchange | None = None
         self._buffers: BufferSync | None = None
         self._sync_blocked = False
+        self.elastic: Any = None  # the fit's ElasticCallback (horo.lightning.elastic), which sets it
         if started_by_mpi():
             self._init_horo()  # early, so that only rank 0 prints from here on
 
@@ -151,6 +153,21 @@ class HoroStrategyImpl(HoroCommon):
         if self.root_device.type == "cuda":
             torch.cuda.set_device(self.root_device)
         self.model.to(self.root_device)
+
+    # ------------------------------------------------------------------------------------ elastic
+    @override
+    def process_dataloader(self, dataloader: object) -> object:
+        """In an elastic fit, the training data of what is left of the epoch (``ElasticCallback``)."""
+        dataloader = super().process_dataloader(dataloader)  # type: ignore[misc]
+        return dataloader if self.elastic is None else self.elastic.process_dataloader(dataloader)
+
+    @override
+    def load_checkpoint(self, checkpoint_path: Any, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        """A file's checkpoint, or the commit of an elastic fit (``LightningState.ckpt_path``), held in memory."""
+        committed = committed_checkpoint(checkpoint_path)
+        if committed is not None:
+            return committed
+        return super().load_checkpoint(checkpoint_path, *args, **kwargs)  # type: ignore[misc]
 
     # ------------------------------------------------------------------------------------ buffers
     @override

@@ -138,11 +138,18 @@ def process_set_of(group: Any = None) -> ProcessSet | None:
 def init_process_group(timeout: timedelta | None = None) -> bool:
     """Make ``horo`` torch.distributed's default group, on all of horo's ranks, unless a default group exists.
 
+    A ``horo`` default group of an earlier world (an elastic reset re-formed horo's world since: its rank or size
+    differ from horo's) is replaced.
+
     Returns:
         True if it created the group; False if torch.distributed was already initialised (with any backend).
     """
     if dist.is_initialized():
-        return False
+        group = dist.distributed_c10d._get_default_group()  # noqa: SLF001 - torch has no public getter
+        if not isinstance(group, HoroProcessGroup) or not core.is_initialized() \
+                or (group.rank(), group.size()) == (core.rank(), core.size()):
+            return False
+        dist.destroy_process_group()  # local: the horo backend holds nothing of the old world's peers
     _ensure_init()
     kwargs: dict[str, Any] = {} if timeout is None else {"timeout": timeout}
     dist.init_process_group(BACKEND, store=LocalStore(), rank=core.rank(), world_size=core.size(), **kwargs)

@@ -1,0 +1,105 @@
+"""Elastic Lightning fits (``Trainer(strategy="horo")``, ``LightningState``, ``ElasticCallback``) through hororun.
+
+The app (elastic_apps/lightning_train.py) trains 48 numbered samples in batches of 4 and logs every trained
+batch's sample ids and world; a worker SIGKILLs itself at a chosen batch's start, and the discovery script gains
+a host at a chosen batch's end. Checked: the world size of every epoch, each sample trained exactly once per
+epoch across resets (the rest of an interrupted epoch goes over the new world), the global step, the learning
+rate rescaled by the reset callback, and equal final weights on every rank.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+from pathlib import Path
+
+import pytest
+from test_elastic import Job, _show, needs_ulfm, run_elastic
+
+pytestmark = pytest.mark.mpi
+
+N = 48  # samples, in batches of 4
+
+
+def _epochs(tmp_path: Path) -> tuple[dict[int, list[int]], dict[int, list[int]]]:
+    """Every epoch's trained sample ids (all workers', the dead ones' included) and world sizes in order."""
+    ids: dict[int, list[int]] = collections.defaultdict(list)
+    steps: list[tuple[int, int, int]] = []  # (global step, epoch, size), from every worker's log
+    for path in (tmp_path / "out").glob("log.*.jsonl"):
+        for line in path.read_text().splitlines():
+            epoch, _batch, size, _rank, batch_ids, lr, step = json.loads(line)
+            ids[epoch] += batch_ids
+            steps.append((step, epoch, size))
+            assert lr == pytest.approx(0.01 * size), ("lr not rescaled to the world", epoch, size, lr)
+    sizes: dict[int, list[int]] = collections.defaultdict(list)
+    for _step, epoch, size in sorted(set(steps)):
+        if not sizes[epoch] or sizes[epoch][-1] != size:
+            sizes[epoch].append(size)
+    return ids, sizes
+
+
+def _check(job: Job, tmp_path: Path, sizes: dict[int, list[int]], steps: int, resets: list[int]) -> None:
+    assert job.rc == 0, _show(job)
+    ranks = job.by_rank()
+    assert sorted(ranks) == [0, 1], _show(job)
+    ids, seen = _epochs(tmp_path)
+    assert seen == sizes, (seen, _show(job))
+    for epoch, trained in ids.items():
+        counts = collections.Counter(trained)
+        assert sorted(counts) == list(range(N)) and set(counts.values()) == {1}, (epoch, counts)
+    for r in ranks.values():
+        assert r["size"] == 2 and r["global_step"] == steps and r["lr"] == pytest.approx(0.02), r
+        assert [size for size, _rank in r["resets"]] == resets, r
+    assert ranks[0]["weights"] == ranks[1]["weights"], "weights differ between the ranks"
+    assert "stalled" not in job.out and "has been blocked" not in job.out, _show(job)
+
+
+@needs_ulfm
+@pytest.mark.timeout(400)
+@pytest.mark.parametrize("package", ["lightning", pytest.param("pytorch_lightning", marks=pytest.mark.slow)])
+def test_lightning_fit_survives_a_kill_three_to_two(tmp_path: Path, package: str) -> None:
+    """Rank 2 dies at the start of epoch 1's third batch: the two others roll back to the commit after the second,
+    and finish epoch 1 on the 24 samples left (3 batches each), then epoch 2 on 2 workers."""
+    pytest.importorskip(package)
+    job = run_elastic(tmp_path, "lightning_train.py", ["-np", "3", "--min-np", "2", "--max-np", "3"],
+                      {"ELASTIC_KILLS": "1:2:2:0", "EPOCHS": "3", "PACKAGE": package}, timeout=360)
+    # 4 steps at 3 workers; 2 at 3 and 3 at 2; 6 at 2
+    _check(job, tmp_path, {0: [3], 1: [3, 2], 2: [2]}, steps=4 + 5 + 6, resets=[2])
+    assert "failed during the job" in job.out, _show(job)
+
+
+# A worker spawned into the job imports torch and Lightning while the others wait: 1.5-3 min on this machine.
+@needs_ulfm
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_lightning_fit_grows_then_survives_a_kill(tmp_path: Path) -> None:
+    """From 2 workers, discovery adds a third at epoch 1's third batch (the world grows at that batch's commit,
+    and the 24 samples left of epoch 1 go over 3 workers); in epoch 2 the new worker dies at its second batch,
+    and the two others finish epoch 2 on the 36 samples left."""
+    hosts = tmp_path / "hosts.txt"
+    hosts.write_text("localhost:2\n")
+    disc = tmp_path / "discover.sh"
+    disc.write_text(f"#!/bin/sh\ncat {hosts}\n")
+    disc.chmod(0o755)
+    job = run_elastic(tmp_path, "lightning_train.py",
+                      ["-np", "2", "--min-np", "2", "--max-np", "3", "--host-discovery-script", str(disc)],
+                      {"ELASTIC_GROW": f"1:2:{hosts}:localhost:2\\n127.0.0.1:1", "ELASTIC_KILLS": "2:1:2:1",
+                       "EPOCHS": "3"}, timeout=560)
+    # 6 steps at 2; 3 at 2 and 2 at 3; 1 at 3 and 5 at 2
+    _check(job, tmp_path, {0: [2], 1: [2, 3], 2: [3, 2]}, steps=6 + 5 + 6, resets=[3, 2])
+    assert "adding 1 worker(s) on ['127.0.0.1']" in job.out, _show(job)
+
+
+@needs_ulfm
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("package", ["lightning", "pytorch_lightning"])
+def test_lightning_commit_resumes_in_a_fresh_process_as_after_a_lost_host(tmp_path: Path, package: str) -> None:
+    """A fit fails in the middle of epoch 1; a new model and state take its ``committed()`` through pickle (what
+    hororun keeps for a restart after a lost host) and resume: the weights equal those of a fit never interrupted."""
+    pytest.importorskip(package)
+    job = run_elastic(tmp_path, "lightning_train.py", ["-np", "1"],
+                      {"MODE": "roundtrip", "EPOCHS": "3", "PACKAGE": package}, timeout=240)
+    assert job.rc == 0, _show(job)
+    (only,) = job.results
+    assert only["global_step"] == only["straight_step"] == 3 * N // 4, only
+    assert only["resumed"] == only["straight"], "the resumed fit trained otherwise than the uninterrupted one"
