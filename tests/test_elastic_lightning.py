@@ -1,4 +1,5 @@
-"""Elastic Lightning fits (``Trainer(strategy="horo")``, ``LightningState``, ``ElasticCallback``) through hororun.
+"""Elastic Lightning fits (``Trainer(strategy="horo")``, ``LightningState``, ``ElasticCallback``) through hororun,
+and the elastic training sampler on its own.
 
 The app (elastic_apps/lightning_train.py) trains 48 numbered samples in batches of 4 and logs every trained
 batch's sample ids and world; a worker SIGKILLs itself at a chosen batch's start, and the discovery script gains
@@ -12,13 +13,69 @@ from __future__ import annotations
 import collections
 import json
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from test_elastic import Job, _show, needs_ulfm, run_elastic
 
-pytestmark = pytest.mark.mpi
+torch = pytest.importorskip("torch")
+pytest.importorskip("lightning_utilities")
 
 N = 48  # samples, in batches of 4
+
+
+@pytest.mark.parametrize("n, size, shuffle, drop_last", [(48, 1, True, False), (50, 3, True, False),
+                                                         (50, 3, False, True), (7, 2, True, False)])
+def test_elastic_sampler_serves_what_torch_serves_until_a_reset(n: int, size: int, shuffle: bool,
+                                                                  drop_last: bool) -> None:
+    from torch.utils.data import DistributedSampler
+
+    from horo.strategies.elastic_data import ElasticDistributedSampler
+
+    for rank in range(size):
+        theirs = DistributedSampler(range(n), num_replicas=size, rank=rank, shuffle=shuffle, seed=3,
+                                    drop_last=drop_last)
+        ours = ElasticDistributedSampler(range(n), size, rank, shuffle, 3, drop_last)
+        for epoch in (0, 1, 2):
+            theirs.set_epoch(epoch)
+            ours.set_epoch(epoch)
+            assert list(ours) == list(theirs) and len(ours) == len(theirs), (rank, epoch)
+
+
+def test_elastic_sampler_serves_the_rest_of_an_epoch_over_a_new_world() -> None:
+    """3 ranks train 2 batches of 4; over 2 ranks the other 26 of 50 samples are served, each once (the shorter
+    share padded by one repeat); the length stays the whole epoch's share; the next epoch is whole again."""
+    from horo.strategies.elastic_data import ElasticDistributedSampler, batches_in
+
+    before = ElasticDistributedSampler(range(50), 3, 0, True, 0, False, epoch=4)
+    done = before.done_after(2, 4)
+    assert set(done) == set().union(*(share[:8] for share in before.shares())) and len(done) == 24
+    after = [ElasticDistributedSampler(range(50), 2, r, True, 0, False, epoch=4, done=done) for r in range(2)]
+    served = [list(s) for s in after]
+    assert sorted(set(served[0] + served[1])) == sorted(set(range(50)) - set(done))
+    assert len(served[0]) == len(served[1]) == 13 and batches_in(13, 4, False) == 4 and batches_in(13, 4, True) == 3
+    assert len(after[0]) == 25  # the epoch's whole share: Lightning counts the epoch's batches from it
+    after[0].set_epoch(4)  # Lightning sets the resumed epoch again: nothing changes
+    assert list(after[0]) == served[0]
+    after[0].set_epoch(5)
+    assert len(list(after[0])) == 25 and not after[0].done
+
+
+def test_resume_mid_epoch_keeps_the_counters_shape() -> None:
+    """A commit at a batch end (ready = k, completed = k - 1): the epoch of 12 batches ends after ``rest`` more."""
+    from horo.strategies.elastic_data import resume_mid_epoch
+
+    def progress(k: int, lag: int) -> SimpleNamespace:
+        return SimpleNamespace(current=SimpleNamespace(ready=k, started=k, processed=k, completed=k - lag))
+
+    for rest, ready in ((3, 9), (12, 0), (0, 11)):
+        p = progress(5, 1)
+        resume_mid_epoch(p, 12, rest)
+        assert (p.current.ready, p.current.started, p.current.processed, p.current.completed) == \
+            (ready, ready, ready, ready - 1), rest
+    p = progress(5, 0)
+    resume_mid_epoch(p, 12, 4)
+    assert p.current.completed == p.current.ready == 8
 
 
 def _epochs(tmp_path: Path) -> tuple[dict[int, list[int]], dict[int, list[int]]]:
@@ -54,6 +111,7 @@ def _check(job: Job, tmp_path: Path, sizes: dict[int, list[int]], steps: int, re
     assert "stalled" not in job.out and "has been blocked" not in job.out, _show(job)
 
 
+@pytest.mark.mpi
 @needs_ulfm
 @pytest.mark.timeout(400)
 @pytest.mark.parametrize("package", ["lightning", pytest.param("pytorch_lightning", marks=pytest.mark.slow)])
@@ -69,6 +127,7 @@ def test_lightning_fit_survives_a_kill_three_to_two(tmp_path: Path, package: str
 
 
 # A worker spawned into the job imports torch and Lightning while the others wait: 1.5-3 min on this machine.
+@pytest.mark.mpi
 @needs_ulfm
 @pytest.mark.slow
 @pytest.mark.timeout(600)
@@ -90,6 +149,7 @@ def test_lightning_fit_grows_then_survives_a_kill(tmp_path: Path) -> None:
     assert "adding 1 worker(s) on ['127.0.0.1']" in job.out, _show(job)
 
 
+@pytest.mark.mpi
 @needs_ulfm
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("package", ["lightning", "pytorch_lightning"])

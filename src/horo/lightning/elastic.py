@@ -36,9 +36,10 @@ from ..elastic import (
     reset_count,
     run,
 )
-from ..strategies.bind import classes, installed
+from ..strategies.bind import classes
 from ..strategies.elastic_data import ElasticDistributedSampler
 from ..strategies.elastic_state import LightningState
+from ..strategies.packages import lightning_module_classes
 
 __all__ = ["LightningState", "ElasticCallback", "ElasticDistributedSampler", "run", "State", "ObjectState",
            "HostsUpdatedInterrupt", "HoroInternalError", "HorovodInternalError", "ElasticError", "reset_count"]
@@ -56,5 +57,5 @@ def ElasticCallback(state: LightningState, commit_every_n_batches: int = 1) -> A
     if not isinstance(state, LightningState):
         raise TypeError(f"ElasticCallback takes a LightningState. Received: state of type {type(state).__name__}. "
                         "HINT: ElasticCallback(horo.lightning.elastic.LightningState(model)).")
-    package = next(p for p in installed() if isinstance(state.model, classes(p).LightningModule))
+    package = next(p for p, cls in lightning_module_classes().items() if isinstance(state.model, cls))
     return classes(package).ElasticCallback(state, commit_every_n_batches)

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import functools
 import importlib
-import importlib.util
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,13 +18,11 @@ from .elastic_callback import ElasticCallbackImpl
 from .environment import HoroEnvironmentImpl
 from .fabric import HoroFabricStrategyImpl, NoBackwardSyncImpl, SelfLaunchImpl
 from .layer_sync import HoroSyncBatchNormImpl
+from .packages import PACKAGES, installed
 from .strategy import HoroStrategyImpl
 
 __all__ = ["PACKAGES", "Bound", "classes", "installed", "register"]
 
-#: package -> (its Trainer package, its Fabric package), the unified one first (Lightning's recommendation).
-PACKAGES = {"lightning": ("lightning.pytorch", "lightning.fabric"),
-            "pytorch_lightning": ("pytorch_lightning", "lightning_fabric")}
 
 
 @dataclass
@@ -54,11 +51,6 @@ class Bound:
     def layer_sync(self, layer_sync: Any) -> Any:
         """Lightning's ``sync_batchnorm=True`` (torch's SyncBatchNorm, GPU only) replaced by horo's."""
         return self.HoroSyncBatchNorm() if isinstance(layer_sync, self.TorchSyncBatchNorm) else layer_sync
-
-
-def installed() -> list[str]:
-    """The Lightning packages installed here, the unified one first."""
-    return [p for p in PACKAGES if importlib.util.find_spec(p) is not None]
 
 
 def _make(name: str, impl: type, base: type, bound: Bound) -> type:

@@ -20,6 +20,7 @@ import torch
 
 from .. import core
 from ..elastic import ObjectState
+from .packages import lightning_module_classes
 
 __all__ = ["LightningState", "PREFIX", "committed_checkpoint"]
 
@@ -148,6 +149,4 @@ def _copy_tensors(state_dict: dict[str, Any]) -> dict[str, Any]:
 
 
 def _is_lightning_module(model: Any) -> bool:
-    from .bind import classes, installed  # lazy: bind imports the strategies, which import this module
-
-    return any(isinstance(model, classes(p).LightningModule) for p in installed())
+    return any(isinstance(model, cls) for cls in lightning_module_classes().values())
