@@ -251,3 +251,39 @@ def test_keras_fit_single_rank_failure(tmp_path: Path, backend: str) -> None:
     for r in job.results:
         assert r["epoch"] == 3 and r["lr"] == pytest.approx(0.02), r
         assert r["resets"] == [[2, r["rank"]]], r
+
+
+# A Lightning fit (LightningState, ElasticCallback) on the first scenario's schedule. The two workers spawned at the
+# growth import torch and Lightning one after the other while the others wait: minutes here, so `slow`;
+# test_elastic_lightning.py covers a kill and a growth in a fit.
+@pytest.mark.slow
+@needs_ulfm
+@pytest.mark.timeout(700)
+def test_lightning_fit_hosts_added_and_removed(tmp_path: Path) -> None:
+    job, lines = scenario(tmp_path, schedule=[(0, [f"{A}:2"]), (1, [f"{A}:2", f"{B}:2"]), (None, [f"{B}:2"])],
+                          app="lightning_scenario.py", timeout=640)
+    assert [_world(w) for w in lines] == [(2, 0, A, 1), (4, 0, A, 2), (2, 2, B, 3)], _show(job)
+    # 10 batches an epoch on 2 workers, 5 on 4: a commit after each but the last, and one at each epoch's end
+    assert [line["commits"] for line in lines] == [9, 9 + 1 + 4, 9 + 1 + 4 + 1 + 9], "a commit was redone or lost"
+    _finished_equal(job, 2)
+    assert "failed during the job" not in job.out, _show(job)
+    for r in job.results:
+        assert r["epoch"] == 3 and r["lr"] == pytest.approx(0.02), r
+        # spawned at the growth, they adapt to the world of 4 as the others do; then localhost's workers leave
+        assert r["resets"] == [[4, r["start_rank"]], [2, r["rank"]]], r
+
+
+@pytest.mark.slow
+@needs_ulfm
+@pytest.mark.timeout(500)
+def test_lightning_fit_single_rank_failure(tmp_path: Path) -> None:
+    """Rank 0 raises inside trainer.fit at epoch 1: Lightning tears its fit down and re-raises, the worker leaves
+    alone, and 127.0.0.1's two workers resume the interrupted epoch from its start's commit."""
+    job, lines = scenario(tmp_path, schedule=[(None, [f"{A}:2", f"{B}:2"])], exits={(1, 0): [0]},
+                          app="lightning_scenario.py", timeout=420)
+    assert [_world(w) for w in lines] == [(4, 0, A, 1), (2, 2, B, 2), (2, 2, B, 2)], _show(job)
+    _finished_equal(job, 2)
+    assert "RuntimeError: scheduled failure at epoch 1 batch 0 (start rank 0)" in job.out, _show(job)
+    for r in job.results:
+        assert r["epoch"] == 3 and r["lr"] == pytest.approx(0.02), r
+        assert r["resets"] == [[2, r["rank"]]], r
