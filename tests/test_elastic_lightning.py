@@ -48,13 +48,19 @@ def test_elastic_sampler_serves_the_rest_of_an_epoch_over_a_new_world() -> None:
     from horo.strategies.elastic_data import ElasticDistributedSampler, batches_in
 
     before = ElasticDistributedSampler(range(50), 3, 0, True, 0, False, epoch=4)
-    done = before.done_after(2, 4)
-    assert set(done) == set().union(*(share[:8] for share in before.shares())) and len(done) == 24
-    after = [ElasticDistributedSampler(range(50), 2, r, True, 0, False, epoch=4, done=done) for r in range(2)]
+    history = before.history_after(2, 4)
+    assert history == [[3, 2, 4]]
+    done = set().union(*(share[:8] for share in before.shares()))
+    after = [ElasticDistributedSampler(range(50), 2, r, True, 0, False, epoch=4, history=history) for r in range(2)]
+    assert after[0].done == done and len(done) == 24
     served = [list(s) for s in after]
-    assert sorted(set(served[0] + served[1])) == sorted(set(range(50)) - set(done))
+    assert sorted(set(served[0] + served[1])) == sorted(set(range(50)) - done)
     assert len(served[0]) == len(served[1]) == 13 and batches_in(13, 4, False) == 4 and batches_in(13, 4, True) == 3
     assert len(after[0]) == 25  # the epoch's whole share: Lightning counts the epoch's batches from it
+    # a second pass: 1 batch more on 2 ranks, then 3 ranks serve the 18 samples left (no repeat of the 32 done)
+    again = ElasticDistributedSampler(range(50), 3, 0, True, 0, False, epoch=4, history=after[0].history_after(1, 4))
+    assert again.done == done | set(served[0][:4] + served[1][:4])
+    assert sorted(set().union(*again.shares())) == sorted(set(range(50)) - again.done)
     after[0].set_epoch(4)  # Lightning sets the resumed epoch again: nothing changes
     assert list(after[0]) == served[0]
     after[0].set_epoch(5)
@@ -76,6 +82,44 @@ def test_resume_mid_epoch_keeps_the_counters_shape() -> None:
     p = progress(5, 0)
     resume_mid_epoch(p, 12, 4)
     assert p.current.completed == p.current.ready == 8
+
+
+def test_elastic_lightning_refuses_bad_input_before_any_communication() -> None:
+    L = pytest.importorskip("lightning")
+    from horo.lightning import elastic
+    from horo.strategies.elastic_state import committed_checkpoint
+
+    class Net(L.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.layer = torch.nn.Linear(2, 1)
+
+        def training_step(self, batch, batch_idx):
+            return self.layer(batch[0]).sum()
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    with pytest.raises(TypeError, match="Received: model of type Linear.*HINT"):
+        elastic.LightningState(torch.nn.Linear(2, 1))
+    with pytest.raises(ValueError, match="Received: trainer=.*HINT"):
+        elastic.LightningState(Net(), trainer=1)
+    state = elastic.LightningState(Net(), epoch=0)
+    with pytest.raises(RuntimeError, match="no fit is running. HINT"):
+        state.commit()
+    with pytest.raises(TypeError, match="Received: state of type dict"):
+        elastic.ElasticCallback({})
+    with pytest.raises(ValueError, match="commit_every_n_batches=0"):
+        elastic.ElasticCallback(state, commit_every_n_batches=0)
+    with pytest.raises(ValueError, match="does not hold.*HINT"):
+        committed_checkpoint("horo-elastic://nothing")
+    assert state.ckpt_path is None and committed_checkpoint("last.ckpt") is None
+    trainer = L.Trainer(accelerator="cpu", devices=1, max_epochs=1, logger=False, enable_checkpointing=False,
+                        enable_progress_bar=False, enable_model_summary=False,
+                        callbacks=[elastic.ElasticCallback(state)])
+    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.ones(4, 2)), batch_size=2)
+    with pytest.raises(ValueError, match="needs Trainer\\(strategy='horo'\\).*HINT"):
+        trainer.fit(state.model, loader)
 
 
 def _epochs(tmp_path: Path) -> tuple[dict[int, list[int]], dict[int, list[int]]]:
@@ -163,3 +207,4 @@ def test_lightning_commit_resumes_in_a_fresh_process_as_after_a_lost_host(tmp_pa
     (only,) = job.results
     assert only["global_step"] == only["straight_step"] == 3 * N // 4, only
     assert only["resumed"] == only["straight"], "the resumed fit trained otherwise than the uninterrupted one"
+    assert "does not resume from the last commit" in only["forgot"] and "HINT" in only["forgot"], only["forgot"]

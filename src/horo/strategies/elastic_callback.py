@@ -140,8 +140,8 @@ class ElasticCallbackImpl:
         trainer, sampler = self._trainer, self._sampler
         epoch = trainer.fit_loop.epoch_progress.current.processed if trainer is not None else 0
         if sampler is None or epoch != sampler.epoch:  # at an epoch's end: the next one starts afresh
-            return {"epoch": epoch, "done": []}
-        return {"epoch": epoch, "done": sampler.done_after(self._batches, self._batch_size)}
+            return {"epoch": epoch, "history": []}
+        return {"epoch": epoch, "history": sampler.history_after(self._batches, self._batch_size)}
 
     @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
@@ -165,10 +165,10 @@ class ElasticCallbackImpl:
                 "DataLoader(dataset, batch_size=..., shuffle=...) with Trainer(use_distributed_sampler=True).")
         epoch = trainer.fit_loop.epoch_progress.current.processed
         loaded = self._loaded or {}
-        done = loaded.get("done", []) if loaded.get("epoch") == epoch else []
+        history = loaded.get("history", []) if loaded.get("epoch") == epoch else []
         self._sampler = ElasticDistributedSampler(sampler.dataset, num_replicas=core.size(), rank=core.rank(),
                                                   shuffle=sampler.shuffle, seed=sampler.seed,
-                                                  drop_last=sampler.drop_last, epoch=epoch, done=done)
+                                                  drop_last=sampler.drop_last, epoch=epoch, history=history)
         self._batch_size = int(dataloader.batch_size)
         self._drop_last = bool(dataloader.drop_last)
         self._batches = 0
@@ -178,7 +178,7 @@ class ElasticCallbackImpl:
         """After a commit taken mid-epoch: let Lightning's epoch end when the samples left are trained."""
         loaded, self._loaded = self._loaded, None
         sampler = self._sampler
-        if not loaded or not loaded.get("done") or sampler is None or loaded.get("epoch") != sampler.epoch:
+        if not loaded or not loaded.get("history") or sampler is None or loaded.get("epoch") != sampler.epoch:
             return
         epoch_batches = trainer.num_training_batches
         if not isinstance(epoch_batches, int):

@@ -12,7 +12,7 @@ new world. Its length stays the whole epoch's share, which is what Lightning cou
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 import torch
@@ -22,60 +22,63 @@ __all__ = ["ElasticDistributedSampler", "batches_in", "resume_mid_epoch"]
 
 
 class ElasticDistributedSampler(DistributedSampler):
-    """torch's ``DistributedSampler`` over the samples of epoch ``epoch`` not in ``done``.
+    """torch's ``DistributedSampler`` over the samples of epoch ``epoch`` that ``history`` has not trained.
 
     Args:
         dataset, num_replicas, rank, shuffle, seed, drop_last: as torch's ``DistributedSampler``.
         epoch: the epoch this sampler starts in (``set_epoch`` to another one starts that one afresh).
-        done: dataset indices of ``epoch`` already trained; they are not served again in that epoch.
+        history: the passes over ``epoch`` so far, ``[world size, batches trained, batch size]`` each: every
+            pass served what the earlier ones left, so the trained samples follow from it (a commit stays small).
     """
 
     def __init__(self, dataset: Any, num_replicas: int, rank: int, shuffle: bool, seed: int, drop_last: bool,
-                 epoch: int = 0, done: Iterable[int] = ()) -> None:
+                 epoch: int = 0, history: Iterable[Sequence[int]] = ()) -> None:
         super().__init__(dataset, num_replicas=num_replicas, rank=rank, shuffle=shuffle, seed=seed,
                          drop_last=drop_last)
         self.epoch = int(epoch)
-        self.done = frozenset(int(i) for i in done)
+        self.history = [[int(v) for v in step] for step in history]
+        self.done: frozenset[int] = frozenset()
+        for size, batches, batch_size in self.history:
+            self.done = self.done.union(*(share[:batches * batch_size] for share in self._partition(size)))
         self._shares: tuple[tuple[int, frozenset[int]], list[list[int]]] | None = None
 
     def set_epoch(self, epoch: int) -> None:
         """Lightning calls it before every epoch, the resumed one included: only another epoch starts afresh."""
         if int(epoch) != self.epoch:
             self.epoch = int(epoch)
-            self.done = frozenset()
+            self.history, self.done = [], frozenset()
 
     def shares(self) -> list[list[int]]:
         """Every rank's share of the epoch's remaining samples, padded (or cut, ``drop_last``) as torch's."""
         key = (self.epoch, self.done)
         if self._shares is None or self._shares[0] != key:
-            n = len(self.dataset)  # type: ignore[arg-type]
-            if self.shuffle:
-                g = torch.Generator()
-                g.manual_seed(self.seed + self.epoch)
-                order = torch.randperm(n, generator=g).tolist()
-            else:
-                order = list(range(n))
-            left = [i for i in order if i not in self.done] if self.done else order
-            size = self.num_replicas
-            if self.drop_last:
-                total = len(left) // size * size
-                left = left[:total]
-            else:
-                total = math.ceil(len(left) / size) * size
-                if left and total > len(left):
-                    left += (left * math.ceil((total - len(left)) / len(left)))[:total - len(left)]
-            self._shares = (key, [left[r:total:size] for r in range(size)])
+            self._shares = (key, self._partition(self.num_replicas))
         return self._shares[1]
+
+    def _partition(self, size: int) -> list[list[int]]:
+        n = len(self.dataset)  # type: ignore[arg-type]
+        if self.shuffle:
+            g = torch.Generator()
+            g.manual_seed(self.seed + self.epoch)
+            order = torch.randperm(n, generator=g).tolist()
+        else:
+            order = list(range(n))
+        left = [i for i in order if i not in self.done] if self.done else order
+        if self.drop_last:
+            total = len(left) // size * size
+            left = left[:total]
+        else:
+            total = math.ceil(len(left) / size) * size
+            if left and total > len(left):
+                left += (left * math.ceil((total - len(left)) / len(left)))[:total - len(left)]
+        return [left[r:total:size] for r in range(size)]
 
     def __iter__(self) -> Iterator[int]:
         return iter(self.shares()[self.rank])
 
-    def done_after(self, batches: int, batch_size: int) -> list[int]:
-        """The epoch's trained samples once every rank has trained ``batches`` batches of its share."""
-        out = set(self.done)
-        for share in self.shares():
-            out.update(share[:batches * batch_size])
-        return sorted(out)
+    def history_after(self, batches: int, batch_size: int) -> list[list[int]]:
+        """The history once every rank has trained ``batches`` batches of its share in this pass."""
+        return self.history + ([[self.num_replicas, batches, batch_size]] if batches else [])
 
 
 def batches_in(samples: int, batch_size: int, drop_last: bool) -> int:
