@@ -109,10 +109,12 @@ def refusal(d: Described, why: str) -> JoinError:
 # ------------------------------------------------------------------------------------------ the joining
 class _Server:
     """This process's own server: its placeholder connects here, and (on a host's local rank 0) the
-    remote-start program asks it to run Open MPI's daemon."""
+    remote-start program asks it to run Open MPI's daemon. It takes such a request from rank 0's host only,
+    for Open MPI's daemon only, and stops listening once this process's placeholder has come (every daemon is
+    running by then)."""
 
-    def __init__(self, d: Described, ip: str) -> None:
-        self.d = d
+    def __init__(self, d: Described, ip: str, root_ip: str) -> None:
+        self.d, self.root_ip = d, root_ip
         self.sock = socket.create_server((ip, 0))
         self.port = self.sock.getsockname()[1]
         self.env: dict[str, str] | None = None
@@ -121,8 +123,11 @@ class _Server:
         threading.Thread(target=self._serve, name="horo-join", daemon=True).start()
 
     def _serve(self) -> None:
-        while True:
-            conn, _ = self.sock.accept()
+        while not self.ready.is_set():
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return  # closed: the joining is over
             threading.Thread(target=self._one, args=(conn,), name="horo-join-conn", daemon=True).start()
 
     def _one(self, conn: socket.socket) -> None:
@@ -134,7 +139,9 @@ class _Server:
         if isinstance(msg, dict) and msg.get("kind") == "placeholder" and msg.get("rank") == self.d.rank:
             self.env, self.placeholder = msg["env"], conn
             self.ready.set()
-        elif isinstance(msg, dict) and msg.get("kind") == "exec" and self.d.local_rank == 0:
+            self.sock.close()
+        elif (isinstance(msg, dict) and msg.get("kind") == "exec" and self.d.local_rank == 0
+              and conn.getpeername()[0] == self.root_ip and "prted" in str(msg.get("command"))):
             _run_daemon(conn, self.d.secret, msg["command"])
         else:
             conn.close()
@@ -181,13 +188,13 @@ def join(d: Described) -> None:
         if d.rank == 0:
             listener = socket.create_server((d.master, d.port), reuse_port=False)
             ip = listener.getsockname()[0]
-            server = _Server(d, ip)
+            server = _Server(d, ip, ip)
             table = _gather(d, listener, {"rank": 0, "ip": ip, "port": server.port,
                                           "iface": interface_of(ip)}, deadline)
             _launch(d, table)
         else:
             sock, ip = _facing_ip(d.master, d.port, deadline)
-            server = _Server(d, ip)
+            server = _Server(d, ip, sock.getpeername()[0])
             send(sock, d.secret, {"rank": d.rank, "local_rank": d.local_rank, "ip": ip, "port": server.port,
                                   "iface": interface_of(ip)})
             sock.settimeout(max(deadline - time.monotonic(), 1.0))
