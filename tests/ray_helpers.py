@@ -213,3 +213,115 @@ def sigkill_on(rank: int) -> None:
     if horo.rank() == rank:
         os.kill(os.getpid(), signal.SIGKILL)
     horo.allreduce(np.ones(2), name="never.completes")
+
+
+# ---------------------------------------------------------------------------- HoroTrainer's loops
+def trainer_loop(config: dict) -> None:
+    """horo.torch training under Ray Train: its Ray Data shard, a report (and rank 0's checkpoint) each epoch,
+    resuming from the last checkpoint. With ``kill_at``, rank 1 is SIGKILLed in that epoch of the first
+    attempt, once Ray Train has registered a checkpoint (so that the next attempt resumes from it)."""
+    import tempfile
+
+    import ray.train
+    import torch
+
+    import horo.torch as hvd
+
+    ctx = ray.train.get_context()
+    assert hvd.is_initialized() and (hvd.rank(), hvd.size()) == (ctx.get_world_rank(), ctx.get_world_size())
+    torch.manual_seed(0)
+    model = torch.nn.Linear(1, 1)
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.01),
+                                   named_parameters=model.named_parameters())
+    start = 0
+    checkpoint = ray.train.get_checkpoint()
+    if checkpoint:
+        with checkpoint.as_directory() as d:
+            state = torch.load(os.path.join(d, "state.pt"))
+        model.load_state_dict(state["model"])
+        start = state["epoch"] + 1
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    shard = ray.train.get_dataset_shard("train")
+    for epoch in range(start, config["epochs"]):
+        seen: list[int] = []
+        for batch in shard.iter_torch_batches(batch_size=4, dtypes=torch.float32):
+            x = batch["x"].reshape(-1, 1)
+            seen += [int(v) for v in batch["x"]]
+            opt.zero_grad()
+            torch.nn.functional.mse_loss(model(x), 2 * x).backward()
+            opt.step()
+        marker = os.path.join(config["out"], "killed")
+        if epoch == config.get("kill_at") and hvd.rank() == 1 and not os.path.exists(marker):
+            snapshot = os.path.join(config["out"], "run", "checkpoint_manager_snapshot.json")
+            deadline = time.monotonic() + 120
+            while not os.path.exists(snapshot) and time.monotonic() < deadline:
+                time.sleep(0.2)
+            Path(marker).write_text(str(os.getpid()))
+            os.kill(os.getpid(), signal.SIGKILL)
+        weights = [float(v) for v in model.weight.detach().flatten()] + [float(model.bias.detach())]
+        with tempfile.TemporaryDirectory() as d:
+            saved = None
+            if hvd.rank() == 0:
+                torch.save({"model": model.state_dict(), "epoch": epoch}, os.path.join(d, "state.pt"))
+                saved = ray.train.Checkpoint.from_directory(d)
+            ray.train.report({"epoch": epoch, "start": start, "pids": hvd.allgather_object(os.getpid()),
+                              "weights": hvd.allgather_object(weights), "seen": hvd.allgather_object(sorted(seen))},
+                             checkpoint=saved)
+
+
+def trainer_raises(config: dict) -> None:
+    """Rank 1 raises; rank 0 waits for it in an allreduce."""
+    raise_on(1)
+
+
+# ---------------------------------------------------------------------------- Horovod's own cases
+def hvd_rank(_executable: Any = None) -> int:
+    import horo.torch as hvd
+
+    hvd.init()
+    return hvd.rank()
+
+
+def hvd_rank_times(num_epochs: int) -> int:
+    import horo.torch as hvd
+
+    hvd.init()
+    return hvd.rank() * num_epochs
+
+
+def hvd_train(_executable: Any = None, batch_size: int = 32, steps: int = 10) -> int:
+    """Horovod's test training: a linear classifier on fixed random data, horo.torch's DistributedOptimizer,
+    parameters and optimizer state broadcast from rank 0; returns the local rank."""
+    import torch
+
+    import horo.torch as hvd
+
+    hvd.init()
+    data, target = torch.randn(batch_size, 2), torch.randint(0, 2, (batch_size,))
+    model = torch.nn.Sequential(torch.nn.Linear(2, 2))
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.01),
+                                   named_parameters=model.named_parameters())
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    hvd.broadcast_optimizer_state(opt, root_rank=0)
+    for _ in range(steps):
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(model(data), target).backward()
+        opt.step()
+    return hvd.local_rank()
+
+
+class InGroup:
+    """An actor placed in a placement group, which runs a RayExecutor of its own there."""
+
+    def run(self, env: dict[str, str]) -> tuple[set[int], bool, list[int]]:
+        from horo.ray import RayExecutor
+
+        ex = RayExecutor(RayExecutor.create_settings(timeout_s=60), num_workers=4, cpus_per_worker=1)
+        ex.start(extra_env_vars=env)
+        try:
+            import ray
+
+            same = ex.placement_group.id == ray.util.get_current_placement_group().id
+            return set(ex.execute(hvd_train)), same, [m.pid for m in ex.members]
+        finally:
+            ex.shutdown()

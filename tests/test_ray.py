@@ -44,44 +44,49 @@ def _shutdown(ex: RayExecutor, mark: str) -> None:
     h.assert_nothing_left(pids, mark, group)
 
 
-@pytest.mark.parametrize("n", [2, 3, 4])
-def test_one_world_of_n_workers(n):
-    """Ranks, sizes, local ranks; run, run_remote, execute (an executable class) and execute_single with
-    Horovod's results; a torch DistributedOptimizer loop equal to the averaged-gradient result of one process."""
-    ex, mark = _executor(n, executable_cls=h.Executable, executable_args=[3])
-    try:
-        rows = ex.run(h.topology)
+class TestOneWorldOfN:
+    """n workers, one world, every call on the same workers: ranks, sizes and local ranks; Horovod's results for
+    run, run_remote, execute (an executable class) and execute_single; training with horo's optimizers."""
+
+    @pytest.fixture(scope="class", params=[2, 3, 4])
+    def world(self, request):
+        ex, mark = _executor(request.param, env={"KERAS_BACKEND": "torch"}, executable_cls=h.Executable,
+                             executable_args=[3])
+        yield ex
+        _shutdown(ex, mark)
+
+    def test_ranks_sizes_and_local_ranks(self, world):
+        n = world.num_workers
+        rows = world.run(h.topology)
         assert [r["rank"] for r in rows] == list(range(n))
         for r in rows:
             assert (r["size"], r["local_size"], r["cross_rank"], r["cross_size"]) == (n, n, 0, 1), r
             assert r["local_rank"] == r["rank"], r
-        assert [r["pid"] for r in rows] == [m.pid for m in ex.members]  # the actors themselves, in rank order
+        assert [r["pid"] for r in rows] == [m.pid for m in world.members]  # the actors themselves, in rank order
 
-        assert ex.execute(lambda w: w.rank_epoch()) == [3 * r for r in range(n)]
-        assert ex.execute_single(lambda w: w.rank_epoch()) == 0
-        assert ex.run(h.affine, args=[2], kwargs={"k": 5}) == [2 * r + 5 for r in range(n)]
-        refs = ex.run_remote(h.allreduced, args=[1.5])
+    def test_run_run_remote_execute_and_execute_single(self, world):
+        n = world.num_workers
+        assert world.execute(lambda w: w.rank_epoch()) == [3 * r for r in range(n)]
+        assert world.execute_single(lambda w: w.rank_epoch()) == 0
+        assert world.run(h.affine, args=[2], kwargs={"k": 5}) == [2 * r + 5 for r in range(n)]
+        refs = world.run_remote(h.allreduced, args=[1.5])
         assert ray.get(refs) == [1.5 * n * (n + 1) / 2] * n
-
-        weights = ex.run(h.torch_train)
-        assert all(w == weights[0] for w in weights), "workers ended with different weights"
-        np.testing.assert_allclose(weights[0], h.torch_reference(n), rtol=1e-5, atol=1e-6)
         if n == 2:
-            assert ex.run(h.reinit) == [(0, 2), (1, 2)]  # init() after shutdown(): the same world
-        assert [r["pid"] for r in ex.run(h.topology)] == [m.pid for m in ex.members]
-    finally:
-        _shutdown(ex, mark)
+            assert world.run(h.reinit) == [(0, 2), (1, 2)]  # init() after shutdown(): the same world
+        assert [r["pid"] for r in world.run(h.topology)] == [m.pid for m in world.members]
 
+    def test_torch_optimizer_equals_averaged_gradients_in_one_process(self, world):
+        weights = world.run(h.torch_train)
+        assert all(w == weights[0] for w in weights), "workers ended with different weights"
+        np.testing.assert_allclose(weights[0], h.torch_reference(world.num_workers), rtol=1e-5, atol=1e-6)
 
-def test_a_keras_fit_ends_with_identical_weights():
-    pytest.importorskip("keras")
-    ex, mark = _executor(2, env={"KERAS_BACKEND": "torch"})
-    try:
-        weights = ex.run(h.keras_fit)
+    def test_a_keras_fit_ends_with_identical_weights(self, world):
+        if world.num_workers != 2:
+            pytest.skip("the Keras fit runs at 2 workers")
+        pytest.importorskip("keras")
+        weights = world.run(h.keras_fit)
         assert len(weights[0]) == 4 * 8 + 8 + 8 + 1 and weights[0] == weights[1]
-        assert ex.run(lambda: sys.modules["keras"].backend.backend()) == ["torch", "torch"]
-    finally:
-        _shutdown(ex, mark)
+        assert world.run(lambda: sys.modules["keras"].backend.backend()) == ["torch", "torch"]
 
 
 def test_a_raising_worker_surfaces_in_the_driver_within_the_timeout():

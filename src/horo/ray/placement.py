@@ -67,6 +67,6 @@ def place(*, num_workers: int | None, num_hosts: int | None, num_workers_per_hos
 
 
 def _rounded(resources: dict[str, float]) -> dict[str, float]:
-    # CPUs, GPUs and custom resources; not the per-node markers nor the byte counts of memory
+    # CPUs, GPUs and custom resources; not the markers of nodes and placement groups, nor memory's bytes
     return {k: round(v, 2) for k, v in sorted(resources.items())
-            if not k.startswith("node:") and k not in ("memory", "object_store_memory")}
+            if not k.startswith("node:") and "_group_" not in k and k not in ("memory", "object_store_memory")}
