@@ -10,12 +10,13 @@ collective, or in the rendezvous) are stopped, as a launcher ends a job one of w
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import ray
-from ray.exceptions import RayActorError
+from ray.exceptions import ActorUnavailableError, RayActorError
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from . import world
@@ -24,8 +25,8 @@ from .worker import HoroWorker
 
 __all__ = ["RayExecutor", "Settings", "WorkerDiedError"]
 
-#: Seconds the other workers get to finish once one failed, before they are stopped.
-FAILURE_GRACE_S = 2.0
+#: Seconds the other workers get to end once one died (half that once one raised), before they are stopped.
+FAILURE_GRACE_S = 5.0
 #: Seconds to wait for Ray to count killed workers dead.
 KILL_S = 30.0
 #: Seconds ``shutdown()`` gives the workers to leave their world before their actors are killed.
@@ -221,9 +222,7 @@ class RayExecutor:
             pass
 
     def _gather(self, refs: list[Any], what: str) -> list[Any]:
-        """The results of ``refs`` (one per worker, in rank order). The first failure is raised: the worker's own
-        error, or :class:`WorkerDiedError` naming a worker whose process ended; workers still running
-        ``FAILURE_GRACE_S`` later are stopped."""
+        """The results of ``refs`` (one per worker, in rank order), or the failure of a worker (``_failed``)."""
         results: list[Any] = [None] * len(refs)
         pending = {ref: rank for rank, ref in enumerate(refs)}
         while pending:
@@ -231,27 +230,47 @@ class RayExecutor:
             rank = pending.pop(ref)
             try:
                 results[rank] = ray.get(ref)
-            except RayActorError as exc:
-                m = self.members[rank] if rank < len(self.members) else None
-                where = f" (pid {m.pid} on {m.hostname}, {m.ip})" if m else ""
-                error: BaseException = WorkerDiedError(
-                    f"horo.ray: worker rank {rank} of {len(refs)}{where} died during {what}; workers still running "
-                    f"are stopped. Ray's account: {exc}")
-                self._end_after_failure(pending, f"worker rank {rank} died during {what}.")
-                raise error from exc
-            except Exception as exc:
-                cause = getattr(exc, "cause", None) or exc  # Ray's RayTaskError wraps the worker's own error
-                self._end_after_failure(pending, f"worker rank {rank} raised {type(cause).__name__} in {what}.")
-                raise
+            except Exception as exc:  # noqa: BLE001 - a worker's own error, or Ray's word that it is gone
+                self._failed([(rank, exc)], pending, len(refs), what)
         return results
 
-    def _end_after_failure(self, pending: dict[Any, int], why: str) -> None:
-        if not pending:
-            return
-        _, left = ray.wait(list(pending), num_returns=len(pending), timeout=FAILURE_GRACE_S)
-        if left:
+    def _failed(self, failures: list[tuple[int, Exception]], pending: dict[Any, int], n: int, what: str) -> None:
+        """End a call one of whose workers failed; raises the failure that explains it.
+
+        The other workers get a moment to end: those waiting for the failed one in a collective end only when
+        the job of their world does (a death ends it; a raise does not), and whichever are still running then
+        are stopped. Of the failures seen meanwhile, the one raised is a worker's own error, else a worker
+        Ray could no longer reach (its node is gone: the others then died because their job ended), else the
+        first death."""
+        grace = FAILURE_GRACE_S if isinstance(failures[0][1], RayActorError) else FAILURE_GRACE_S / 2
+        deadline = time.monotonic() + grace
+        while pending and time.monotonic() < deadline:
+            ready, _ = ray.wait(list(pending), num_returns=1, timeout=max(deadline - time.monotonic(), 0))
+            for ref in ready:
+                rank = pending.pop(ref)
+                try:
+                    ray.get(ref)
+                except Exception as exc:  # noqa: BLE001 - collected, then ranked below
+                    failures.append((rank, exc))
+        rank, exc = min(failures, key=lambda f: (0 if not isinstance(f[1], RayActorError)
+                                                 else 1 if isinstance(f[1], ActorUnavailableError) else 2))
+        if isinstance(exc, RayActorError):
+            m = self.members[rank] if rank < len(self.members) else None
+            where = f" (pid {m.pid} on {m.hostname}, {m.ip})" if m else ""
+            how = ("could no longer be reached (its process, its node or the network to it is gone)"
+                   if isinstance(exc, ActorUnavailableError) else "died")
+            why = f"worker rank {rank} {how.split(' (')[0]} during {what}."
+            error: Exception = WorkerDiedError(f"horo.ray: worker rank {rank} of {n}{where} {how} during {what}; "
+                                               f"its world is over. Ray's account: {exc}")
+        else:
+            cause = getattr(exc, "cause", None) or exc  # Ray's RayTaskError wraps the worker's own error
+            why, error = f"worker rank {rank} raised {type(cause).__name__} in {what}.", exc
+        if pending or any(isinstance(e, RayActorError) for _, e in failures):
             self._stopped = f"its workers were stopped after {why}"
             self._kill(self.workers)
+        if error is exc:
+            raise exc
+        raise error from exc
 
     # ------------------------------------------------------------------------------------------ shutdown
     def shutdown(self) -> None:
