@@ -14,6 +14,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import uuid
@@ -51,6 +52,11 @@ def _ray(bed, host: str, args: list[str], timeout: float = 120) -> str:
     return done.stdout
 
 
+def _temp(k: int) -> str:
+    """Ray's directory for node k: short (its sockets' paths must fit), and one per node."""
+    return os.path.join(tempfile.gettempdir(), f"ray-{BED}-{k}")
+
+
 @pytest.fixture(scope="module")
 def cluster():
     reason = unsupported_reason()
@@ -64,9 +70,9 @@ def cluster():
     common = ["--num-cpus=2", "--disable-usage-stats", "--object-store-memory=100000000"]
     try:
         _ray(bed, "node1", ["start", "--head", "--node-ip-address=198.18.0.1", "--port=6379",
-                            "--include-dashboard=false", f"--temp-dir=/tmp/ray-{BED}-1", *common])
+                            "--include-dashboard=false", f"--temp-dir={_temp(1)}", *common])
         _ray(bed, "node2", ["start", f"--address={HEAD}", "--node-ip-address=198.18.0.2",
-                            f"--temp-dir=/tmp/ray-{BED}-2", *common])
+                            f"--temp-dir={_temp(2)}", *common])
         yield bed
     finally:
         for host in ("node2", "node1"):
@@ -75,7 +81,7 @@ def cluster():
         left = {h: host_pids(bed, h) for h in ("node1", "node2")}
         down(BED)
         for k in (1, 2):
-            shutil.rmtree(f"/tmp/ray-{BED}-{k}", ignore_errors=True)
+            shutil.rmtree(_temp(k), ignore_errors=True)
         assert not any(left.values()), f"processes left on the bed's hosts after ray stop: {left}"
 
 

@@ -8,7 +8,7 @@ docs/ray.md has examples.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 try:
     import ray  # noqa: F401
@@ -21,13 +21,16 @@ except ModuleNotFoundError as _exc:  # pragma: no cover - depends on the environ
 
 from .runner import RayExecutor, Settings, WorkerDiedError
 
+if TYPE_CHECKING:
+    # lazy: Ray Train is imported when the trainer is first used (below); the API reference reads these
+    from .train import HoroConfig, HoroTrainer
+
 __all__ = ["HoroConfig", "HoroTrainer", "RayExecutor", "Settings", "WorkerDiedError"]
 
 
 def __getattr__(name: str) -> Any:
-    # Ray Train is imported when the trainer is first used: plain RayExecutor users do not pay for it.
     if name in ("HoroConfig", "HoroTrainer"):
-        from . import train
+        from . import train  # lazy: Ray Train (pandas, pyarrow) only for the trainer, not in every executor worker
 
         return getattr(train, name)
     raise AttributeError(f"module 'horo.ray' has no attribute {name!r}")

@@ -20,6 +20,7 @@ import ray
 from ray.train.backend import Backend, BackendConfig
 from ray.train.v2.api.data_parallel_trainer import DataParallelTrainer
 
+from ..core.api.runtime import init
 from . import world
 
 __all__ = ["HoroConfig", "HoroTrainer"]
@@ -60,8 +61,6 @@ def _training() -> Iterator[None]:
 
 
 def _join(env: dict[str, str]) -> None:
-    from ..core.api.runtime import init
-
     world.prepare(env)
     init()
 

@@ -15,6 +15,9 @@ import socket
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from ..core.api.runtime import is_initialized, shutdown
+from ..core.transport import adopt
+
 __all__ = ["Member", "free_port", "join_envs", "leave", "member", "prepare", "rank_order"]
 
 #: What makes ``horo.init()`` believe an MPI launcher or srun started the process (a Ray cluster started under
@@ -99,9 +102,6 @@ def prepare(env: dict[str, str]) -> None:
 def leave() -> None:
     """End this worker's part of its world (runs in every worker of it at once): horo's shutdown, then MPI's
     end and the placeholder told. The actor is killed next; this keeps its end from looking like a failure."""
-    from ..core.api.runtime import is_initialized, shutdown
-    from ..core.transport import adopt
-
     if is_initialized():
         shutdown()
     adopt.leave()
