@@ -156,6 +156,23 @@ def test_bad_arguments_raise_before_anything_starts():
         RayExecutor(settings, num_workers=2).run(h.topology)
 
 
+def test_ranks_go_host_by_host_and_gpus_are_shared_on_a_host():
+    from horo.ray.world import Member, join_envs, rank_order
+
+    members = [Member("b", "10.0.0.2", "hb", 1, ("3",)), Member("a", "10.0.0.1", "ha", 2, ("1",)),
+               Member("b", "10.0.0.2", "hb", 3, ("2",)), Member("a", "10.0.0.1", "ha", 4, ("0",))]
+    order = rank_order(members)
+    assert order == [2, 0, 3, 1]  # host b first (it came first), each host's workers by their GPU
+    envs = join_envs([members[i] for i in order], port=4242, timeout_s=30, launcher="horo.ray", share_gpus=True)
+    assert [(e["HORO_JOIN_RANK"], e["HORO_JOIN_LOCAL_RANK"], e["CUDA_VISIBLE_DEVICES"]) for e in envs] == [
+        ("0", "0", "2,3"), ("1", "1", "2,3"), ("2", "0", "0,1"), ("3", "1", "0,1")]
+    assert {(e["HORO_JOIN_SIZE"], e["HORO_JOIN_ADDR"], e["HORO_JOIN_PORT"], e["HORO_JOIN_SECRET"],
+             e["HORO_JOIN_TIMEOUT"]) for e in envs} == {("4", "10.0.0.2", "4242", envs[0]["HORO_JOIN_SECRET"], "30")}
+    assert len(envs[0]["HORO_JOIN_SECRET"]) == 32
+    halves = [Member("a", "10.0.0.1", "ha", p, ("0",)) for p in (1, 2)]  # gpus_per_worker=0.5: one GPU, named once
+    assert [e["CUDA_VISIBLE_DEVICES"] for e in join_envs(halves, 1, 30, "horo.ray", share_gpus=True)] == ["0", "0"]
+
+
 def test_import_without_ray_names_the_extra():
     code = "import sys; sys.modules['ray'] = None\ntry:\n import horo.ray\nexcept ImportError as e: print(e)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60).stdout

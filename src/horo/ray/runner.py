@@ -202,7 +202,7 @@ class RayExecutor:
     def execute_single(self, fn: Callable[[Any], Any]) -> Any:
         """``fn(executable)`` on the rank 0 worker; its result."""
         self._check("execute_single()")
-        return self._gather([self.workers[0].execute.remote(fn)], "execute_single()")[0]
+        return self._gather([self.workers[0].execute.remote(fn)], "execute_single()", len(self.workers))[0]
 
     def _check(self, what: str) -> None:
         if self._stopped:
@@ -221,8 +221,8 @@ class RayExecutor:
         except BaseException:  # noqa: BLE001 - the caller gets it from the references themselves
             pass
 
-    def _gather(self, refs: list[Any], what: str) -> list[Any]:
-        """The results of ``refs`` (one per worker, in rank order), or the failure of a worker (``_failed``)."""
+    def _gather(self, refs: list[Any], what: str, n: int | None = None) -> list[Any]:
+        """The results of ``refs`` (ranks 0, 1, ... of ``n`` workers), or the failure of a worker (``_failed``)."""
         results: list[Any] = [None] * len(refs)
         pending = {ref: rank for rank, ref in enumerate(refs)}
         while pending:
@@ -231,7 +231,7 @@ class RayExecutor:
             try:
                 results[rank] = ray.get(ref)
             except Exception as exc:  # noqa: BLE001 - a worker's own error, or Ray's word that it is gone
-                self._failed([(rank, exc)], pending, len(refs), what)
+                self._failed([(rank, exc)], pending, n or len(refs), what)
         return results
 
     def _failed(self, failures: list[tuple[int, Exception]], pending: dict[Any, int], n: int, what: str) -> None:

@@ -87,7 +87,8 @@ def join_envs(ordered: Sequence[Member], port: int, timeout_s: float, launcher: 
                "HORO_JOIN_TIMEOUT": f"{float(timeout_s):g}"}
         local[m.node_id] = local.get(m.node_id, 0) + 1
         if share_gpus and gpus[m.node_id]:
-            env["CUDA_VISIBLE_DEVICES"] = ",".join(gpus[m.node_id])
+            # Workers sharing a GPU (fractional gpus_per_worker) name it once.
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(dict.fromkeys(gpus[m.node_id]))
         envs.append(env)
     return envs
 
