@@ -70,6 +70,7 @@ class TestOneStartedExecutor:
         assert set(started.execute(h.hvd_train)) == {0, 1, 2, 3}
 
 
+@pytest.mark.slow  # a start of its own; tests/test_ray.py starts executable classes at 2, 3 and 4 workers
 @pytest.mark.parametrize("layout", LAYOUTS, ids=IDS)
 def test_executable(layout):
     ex, mark = _start(layout, executable_cls=h.Executable, executable_args=[2])
