@@ -165,6 +165,7 @@ class RayExecutor:
             self._gather([w.start_executable.remote(executable_cls, executable_args, executable_kwargs)
                           for w in self.workers], "start()")
         except BaseException:
+            self._stopped = self._stopped or "start() failed."  # no world to leave: end the workers at once
             self.shutdown()
             raise
 
@@ -206,7 +207,7 @@ class RayExecutor:
 
     def _check(self, what: str) -> None:
         if self._stopped:
-            raise RuntimeError(f"horo.ray: {what} cannot run: {self._stopped} HINT: call shutdown(), then start() "
+            raise RuntimeError(f"horo.ray: {what} refused: {self._stopped} HINT: call shutdown(), then start() "
                                "for new workers.")
         if not self.workers:
             raise RuntimeError(f"horo.ray: {what} needs running workers. HINT: call start() first.")
