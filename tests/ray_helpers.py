@@ -25,10 +25,18 @@ def start_ray(num_cpus: int = 4) -> Any:
     """``ray.init(num_cpus=...)`` for a module: a local cluster, without its dashboard."""
     import ray
 
+    saved = {k: os.environ.get(k) for k in ("PYTHONPATH", "RAY_USAGE_STATS_ENABLED")}
     paths = [str(HERE), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
     os.environ["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))  # the workers import this module
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    return ray.init(num_cpus=num_cpus, include_dashboard=False, configure_logging=False)
+    try:
+        return ray.init(num_cpus=num_cpus, include_dashboard=False, configure_logging=False)
+    finally:  # the cluster's processes took the environment with them; the rest of the suite gets its own back
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 def marked() -> dict[str, str]:
