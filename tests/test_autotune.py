@@ -95,7 +95,7 @@ def test_hororun_rejects_bad_flags(flags: list[str], needle: str) -> None:
 def test_missing_extra_names_it(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "sklearn", None)
     monkeypatch.setitem(sys.modules, "sklearn.gaussian_process", None)
-    with pytest.raises(ImportError, match=r"pip install 'horo\[autotune\]'"):
+    with pytest.raises(ImportError, match=r"pip install 'horo-mpi\[autotune\]'"):
         load_gp()
 
 
