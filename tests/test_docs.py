@@ -473,8 +473,14 @@ print("sum", horo.allreduce(np.ones(2), op=horo.Sum).tolist(), flush=True)
         assert children, "hororun started no mpiexec"
         for pid in children:
             os.kill(int(pid), signal.SIGUSR1)
-        while sum("most recent call first" in ln for ln in lines) < 2 and time.monotonic() < deadline:
-            lines.append(proc.stdout.readline())  # type: ignore[union-attr]
+        # Each rank's whole dump: rank 1's main thread (in its wait loop), rank 0's inside the allreduce.
+        wanted = [re.compile(r"^\[1,1\]<stderr>:.*line \d+ in <module>"),
+                  re.compile(r"^\[1,0\]<stderr>:.* in allreduce$")]
+        while not all(any(w.match(ln) for ln in lines) for w in wanted) and time.monotonic() < deadline:
+            line = proc.stdout.readline()  # type: ignore[union-attr]
+            if not line:
+                break
+            lines.append(line.rstrip("\n") + "\n")
         go.touch()
         out = "".join(lines) + proc.communicate(timeout=JOB_TIMEOUT)[0]
     finally:
@@ -484,4 +490,5 @@ print("sum", horo.allreduce(np.ones(2), op=horo.Sum).tolist(), flush=True)
     assert proc.returncode == 0, out[-4000:]
     for rank in (0, 1):
         assert re.search(rf"^\[1,{rank}\]<stderr>:.*most recent call first", out, re.MULTILINE), out[-4000:]
-    assert "allreduce" in out and out.count("sum [2.0, 2.0]") == 2, out[-4000:]
+    assert re.search(r"^\[1,0\]<stderr>:.* in allreduce$", out, re.MULTILINE), out[-4000:]
+    assert out.count("sum [2.0, 2.0]") == 2, out[-4000:]
