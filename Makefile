@@ -76,7 +76,8 @@ bench: $(STAMP)
 docs: $(STAMP)
 	$(PY) -m mkdocs build --strict --site-dir site
 
-# sdist + wheel in dist/ (tests/test_packaging.py installs the wheel into a fresh venv and runs it).
+# The distribution horo-mpi (import name horo): sdist + wheel in dist/, horo_mpi-VERSION.tar.gz and
+# horo_mpi-VERSION-py3-none-any.whl (tests/test_packaging.py installs it by that name into a fresh venv and runs it).
 dist: $(STAMP)
 	rm -rf dist
 	$(PY) -m build --outdir dist .
