@@ -176,4 +176,4 @@ def test_ranks_go_host_by_host_and_gpus_are_shared_on_a_host():
 def test_import_without_ray_names_the_extra():
     code = "import sys; sys.modules['ray'] = None\ntry:\n import horo.ray\nexcept ImportError as e: print(e)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60).stdout
-    assert "horo.ray needs Ray, which is not installed" in out and "pip install 'horo[ray]'" in out, out
+    assert "horo.ray needs Ray, which is not installed" in out and "pip install 'horo-mpi[ray]'" in out, out

@@ -2,7 +2,7 @@
 
 ``RayExecutor`` (Horovod's API) starts workers as Ray actors and runs functions on them; ``HoroTrainer`` is a
 Ray Train data-parallel trainer (``ray.train.report``, checkpoints, Ray Data shards, ``FailureConfig``). In
-both, the workers form one horo world over MPI, as under ``hororun``. Needs ``pip install 'horo[ray]'``;
+both, the workers form one horo world over MPI, as under ``hororun``. Needs ``pip install 'horo-mpi[ray]'``;
 docs/ray.md has examples.
 """
 
@@ -17,7 +17,7 @@ except ModuleNotFoundError as _exc:  # pragma: no cover - depends on the environ
         raise
     raise ImportError(
         f"horo.ray needs Ray, which is not installed. Received: import ray failed ({_exc}). "
-        "HINT: pip install 'horo[ray]'.") from _exc
+        "HINT: pip install 'horo-mpi[ray]'.") from _exc
 
 from .runner import RayExecutor, Settings, WorkerDiedError
 

@@ -83,8 +83,9 @@ class RayExecutor:
 
         Args:
             timeout_s: seconds the workers wait for each other when they form their world.
-            ssh_identity_file, ssh_str: accepted for Horovod's signature; horo starts nothing over ssh (Open MPI's
+            ssh_identity_file: accepted for Horovod's signature; horo starts nothing over ssh (Open MPI's
                 daemons start through the workers themselves).
+            ssh_str: as ``ssh_identity_file``.
             placement_group_timeout_s: seconds to wait for the cluster to hold the workers.
             nics: not taken: the workers use the interface through which they reach rank 0's node.
         """
