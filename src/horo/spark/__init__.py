@@ -11,7 +11,8 @@ except ImportError as _exc:
     raise ImportError("horo.spark needs PySpark, which is not installed. HINT: pip install 'horo[spark]' (Java 17 "
                       "or newer is needed too, as for any Spark).") from _exc
 
+from .elastic import run_elastic
 from .runner import run
 from .settings import TimeoutException
 
-__all__ = ["TimeoutException", "run"]
+__all__ = ["TimeoutException", "run", "run_elastic"]

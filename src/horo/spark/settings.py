@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["Options", "TimeoutException", "check", "driver_host", "job_group", "start_timed_out"]
+__all__ = ["Options", "TimeoutException", "check", "check_elastic", "driver_host", "job_group", "start_timed_out"]
 
 _ids = itertools.count()
 
@@ -107,3 +107,29 @@ def check(fn: Any, args: Any, kwargs: Any, num_proc: Any, start_timeout: Any, ex
         extra["OMPI_MCA_btl_tcp_if_include"] = ",".join(sorted(nics))
     return Options(num_proc=num_proc, start_timeout=float(start_timeout),
                    env={str(k): str(v) for k, v in (env or {}).items()}, extra_env=extra)
+
+
+def check_elastic(num_proc: int, min_num_proc: Any, max_num_proc: Any, elastic_timeout: Any,
+                  reset_limit: Any) -> tuple[int, int, float]:
+    """(fewest, most processes, elastic timeout) with Horovod's defaults: ``num_proc`` for both bounds,
+    ``HOROVOD_ELASTIC_TIMEOUT`` (or ``HORO_ELASTIC_TIMEOUT``), else 600 s."""
+    low = num_proc if min_num_proc is None else min_num_proc
+    high = num_proc if max_num_proc is None else max_num_proc
+    for name, value in (("min_num_proc", low), ("max_num_proc", high)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise _bad(name, value, "a positive int (default: num_proc)")
+    if not low <= num_proc <= high:
+        raise _bad("num_proc", num_proc, f"min_num_proc <= num_proc <= max_num_proc; here min_num_proc={low}, "
+                   f"max_num_proc={high}")
+    if elastic_timeout is None:
+        raw = os.environ.get("HOROVOD_ELASTIC_TIMEOUT") or os.environ.get("HORO_ELASTIC_TIMEOUT") or "600"
+        try:
+            elastic_timeout = float(raw)
+        except ValueError:
+            raise _bad("HOROVOD_ELASTIC_TIMEOUT", raw, "seconds, e.g. 600") from None
+    if isinstance(elastic_timeout, bool) or not isinstance(elastic_timeout, (int, float)) or elastic_timeout <= 0:
+        raise _bad("elastic_timeout", elastic_timeout, "seconds > 0 (default 600)")
+    if reset_limit is not None and (isinstance(reset_limit, bool) or not isinstance(reset_limit, int)
+                                    or reset_limit < 0):
+        raise _bad("reset_limit", reset_limit, "an int >= 0, or None for no limit")
+    return low, high, float(elastic_timeout)
