@@ -29,6 +29,8 @@ def spark_home() -> str:
 
 def _env(folder: Path, addr: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SPARK_", "PYSPARK_", "OMPI_", "PRTE_", "PMIX_"))}
+    src = str(Path(__file__).resolve().parents[2] / "src")
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (src, env.get("PYTHONPATH", "")) if p)
     env.update(SPARK_HOME=spark_home(), SPARK_LOG_DIR=str(folder), SPARK_PID_DIR=str(folder),
                SPARK_WORKER_DIR=str(folder / "work"), SPARK_LOCAL_IP=addr, PYSPARK_PYTHON=sys.executable,
                SPARK_DAEMON_MEMORY="256m")
@@ -57,6 +59,23 @@ def _wait_log(folder: Path, text: str, limit: float) -> None:
     raise RuntimeError(f"no {text!r} in {folder} after {limit:g} s:\n{_log(folder)[-3000:]}")
 
 
+def _wait_gone(bed: Bed, host: str, cls: str, limit: float = 60.0) -> None:
+    deadline = time.monotonic() + limit
+    while time.monotonic() < deadline:
+        running = []
+        for pid in host_pids(bed, host):
+            try:
+                with open(f"/proc/{pid}/cmdline", "rb") as fh:
+                    if cls.encode() in fh.read():
+                        running.append(pid)
+            except OSError:
+                continue
+        if not running:
+            return
+        time.sleep(0.2)
+    raise RuntimeError(f"{cls} on {host} still runs {limit:g} s after spark-daemon.sh stop")
+
+
 class Cluster:
     """A master on ``head`` and workers on some of the bed's hosts."""
 
@@ -83,9 +102,11 @@ class Cluster:
         self.workers.append(host)
 
     def stop_worker(self, host: str) -> None:
-        """Spark's own stop (SIGTERM to the worker; it ends its executors): the host's executor is lost."""
+        """Spark's own stop (SIGTERM to the worker; it ends its executors): the host's executor is lost.
+        Returns once the worker's process has ended."""
         _daemon(self.bed, host, "stop", WORKER, self.root / host)
         self.workers.remove(host)
+        _wait_gone(self.bed, host, WORKER)
 
     def stop(self) -> None:
         for host in list(self.workers):
@@ -95,6 +116,7 @@ class Cluster:
                 pass
         try:
             _daemon(self.bed, "head", "stop", MASTER, self.root / "head")
+            _wait_gone(self.bed, "head", MASTER)
         except RuntimeError:
             pass
 

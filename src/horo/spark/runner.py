@@ -35,6 +35,7 @@ class _Job:
         self.errors: dict[int, bytes] = {}  # rank -> pickled Outcome of a function that raised
         self.ended: dict[int, dict[str, Any]] = {}
         self.first_failure: float | None = None
+        self.retried: str | None = None
         self.server = Server(secret, self._handle)
 
     def _handle(self, channel: Channel, msg: dict[str, Any], _blob: bytes | None) -> None:
@@ -43,6 +44,13 @@ class _Job:
             return
         index = msg["index"]
         with self.changed:
+            if index in self.channels:
+                # Spark runs a barrier stage again when one of its tasks failed (a lost executor): the world of
+                # the first attempt is gone, and a second one would run the function twice.
+                self.retried = f"task {index} started a second time: a task of the run failed (executor lost?)"
+                self.changed.notify_all()
+                channel.close()
+                return
             self.channels[index] = channel
             self.hosts[index] = str(msg.get("host"))
             self.changed.notify_all()
@@ -200,6 +208,9 @@ def _wait(job: _Job, thread: threading.Thread, box: dict[str, Any], opts: _setti
         while True:
             if job.errors:
                 raise _rank_error(job)
+            if job.retried:
+                raise RuntimeError(f"horo.spark.run: {job.retried}. HINT: see the Spark driver's log for the "
+                                   "task's failure; run again once the cluster is whole.")
             if job.first_failure is not None and time.monotonic() > job.first_failure + _GRACE_S:
                 raise _rank_error(job)
             if len(job.results) == job.num_proc and len(job.ended) == job.num_proc:
