@@ -22,7 +22,7 @@ pyspark = pytest.importorskip("pyspark")
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests"))
-from spark_apps import fns  # noqa: E402
+from spark_apps import elastic_fns, fns  # noqa: E402
 
 pytestmark = pytest.mark.timeout(300)
 MARK = f"horo-spark-test-{uuid.uuid4().hex[:12]}"  # in every process of these runs: what is left is found by it
@@ -63,6 +63,7 @@ def spark():
     from pyspark.sql import SparkSession
 
     register_pickle_by_value(fns)  # the executors' processes need not import the tests
+    register_pickle_by_value(elastic_fns)
     saved = {k: os.environ.get(k) for k in ("PYSPARK_PYTHON", "PYTHONPATH", "OMP_NUM_THREADS")}
     os.environ["PYSPARK_PYTHON"] = sys.executable
     os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO / "src"), saved["PYTHONPATH"]) if p)
@@ -180,6 +181,21 @@ def test_tasks_that_cannot_start_time_out_with_horovods_message(spark, monkeypat
     assert spark.sparkContext.statusTracker().getActiveJobsIds() == []
 
 
+def test_run_elastic_returns_the_last_worlds_results_in_rank_order(spark):
+    import horo.spark
+
+    # On one machine the ranks run under hororun's mpiexec; losing executors is tested on the bed.
+    os.environ["HORO_SPARK_TEST_DRIVER"] = "the driver's own"
+    try:
+        results = horo.spark.run_elastic(elastic_fns.count, args=(5,), num_proc=2, min_num_proc=2, max_num_proc=2,
+                                         elastic_timeout=60, env=_env(HORO_SPARK_TEST_USER="from env="))
+    finally:
+        del os.environ["HORO_SPARK_TEST_DRIVER"]
+    assert [(r["rank"], r["size"], r["step"], r["total"]) for r in results] == [(0, 2, 5, 10.0), (1, 2, 5, 10.0)]
+    assert all(r["user_env"] == "from env=" and r["driver_env"] is None for r in results), results
+    assert spark.sparkContext.statusTracker().getActiveJobsIds() == []
+
+
 def test_bad_arguments_raise_before_anything_runs(spark):
     import horo.spark
 
@@ -195,6 +211,10 @@ def test_bad_arguments_raise_before_anything_runs(spark):
         assert text in str(info.value) and "HINT: " in str(info.value)
     with pytest.raises(TypeError, match="Received: fn=3"):
         horo.spark.run(3)
+    with pytest.raises(ValueError, match="Received: num_proc=4.*min_num_proc <= num_proc <= max_num_proc"):
+        horo.spark.run_elastic(fns.world, num_proc=4, max_num_proc=2)
+    with pytest.raises(ValueError, match="Received: reset_limit=-1"):
+        horo.spark.run_elastic(fns.world, num_proc=2, reset_limit=-1)
     assert spark.sparkContext.statusTracker().getActiveJobsIds() == []
 
 

@@ -69,3 +69,25 @@ def train(flag_dir: str, steps: int, pause: float = 0.3) -> dict:
     loop(state)
     return {"rank": hvd.rank(), "size": hvd.size(), "host": socket.gethostname(), "step": state.step,
             "applied": state.applied, "weights": [float(v) for p in model.parameters() for v in p.detach().flatten()]}
+
+
+def count(steps: int) -> dict:
+    """A framework-free elastic loop (horo's ObjectState): each step adds the world's size, committed."""
+    import numpy as np
+
+    import horo
+    import horo.elastic
+
+    horo.init()
+    state = horo.elastic.ObjectState(step=0, total=0.0)
+
+    @horo.elastic.run
+    def loop(state):
+        while state.step < steps:
+            state.total += float(horo.allreduce(np.ones(1), op=horo.Sum)[0])
+            state.step += 1
+            state.commit()
+
+    loop(state)
+    return {"rank": horo.rank(), "size": horo.size(), "step": state.step, "total": state.total,
+            "user_env": os.environ.get("HORO_SPARK_TEST_USER"), "driver_env": os.environ.get("HORO_SPARK_TEST_DRIVER")}

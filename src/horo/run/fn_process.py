@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import importlib
 import os
 import pickle
 import signal
@@ -27,6 +28,8 @@ import traceback
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
+
+from .launch import descendants
 
 __all__ = ["FnProcess", "Outcome", "dumps", "loads", "start"]
 
@@ -41,7 +44,7 @@ PICKLERS = ("cloudpickle", "pyspark.cloudpickle", "ray.cloudpickle")
 def _pickler(name: str | None = None) -> Any:
     for candidate in (name,) if name else PICKLERS:
         try:
-            return __import__(candidate, fromlist=["dumps"])
+            return importlib.import_module(candidate)  # lazy: whichever cloudpickle the engine ships
         except ImportError:
             continue
     return pickle
@@ -119,8 +122,6 @@ class FnProcess:
 
     def kill(self) -> None:
         """End the child and every process it started (its process group, and any that left it)."""
-        from .launch import descendants  # /proc walk; hororun's own clean-up uses it too
-
         pids = [self.pid, *descendants(self.pid)]
         with contextlib.suppress(OSError):
             os.killpg(self.pid, signal.SIGKILL)

@@ -31,9 +31,13 @@ import time
 from collections.abc import Iterator, Sequence
 from typing import Any
 
+from ..core.api import runtime
+from ..core.transport import adopt_agent
 from ..core.transport.netif import interface_of
 from ..core.transport.signed import recv, send
 from ..run import fn_process
+from ..run.launch import descendants
+from .task import PICKLER
 from .wire import connect
 
 __all__ = ["keep", "make_agent_task", "remote_start", "worker"]
@@ -139,8 +143,6 @@ def make_agent_task(driver: str, secret: str, executable: str | None) -> Any:
 def keep(argv: Sequence[str]) -> int:
     """Run ``argv``; when this process is told to end (its agent ended), or the command ends, end every process
     under it. As a child subreaper it still finds the ranks once their daemon has died."""
-    from ..run.launch import descendants
-
     _prctl(_PR_SET_CHILD_SUBREAPER, 1)
     ending = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: ending.set())
@@ -161,8 +163,6 @@ def keep(argv: Sequence[str]) -> int:
 
 def remote_start(argv: Sequence[str]) -> int:
     """mpiexec's remote-start program: the agents the Spark driver lists now, then adopt_agent's protocol."""
-    from ..core.transport import adopt_agent
-
     with open(os.environ[AGENTS]) as fh:
         os.environ["HORO_JOIN_AGENTS"] = fh.read()
     os.environ["HORO_JOIN_SECRET"] = os.environ[SECRET]
@@ -179,8 +179,6 @@ def _report(msg: dict[str, Any], blob: bytes) -> None:
 
 
 def _where() -> tuple[int, int]:
-    from ..core.api import runtime
-
     if runtime.is_initialized():
         return runtime.rank(), runtime.size()
     return int(os.environ.get("OMPI_COMM_WORLD_RANK", "0")), int(os.environ.get("OMPI_COMM_WORLD_SIZE", "1"))
@@ -189,8 +187,6 @@ def _where() -> tuple[int, int]:
 def worker() -> int:
     """One rank of the elastic job: the function from the Spark driver, its outcome sent back."""
     import traceback
-
-    from .task import PICKLER
 
     channel = connect(os.environ[DRIVER], os.environ[SECRET].encode())
     try:
