@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.horo-installed
-EXTRAS ?= tensorflow-cpu,tf-keras,lightning,pytorch-lightning,jax,flax,ray,plot,test,autotune,docs
+EXTRAS ?= tensorflow-cpu,tf-keras,lightning,pytorch-lightning,jax,flax,ray,plot,test,autotune,docs,spark
 # Development pins (torch 2.13.0 CPU, ...): pyproject.toml states ranges; this file fixes what we test with.
 CONSTRAINTS ?= constraints.txt
 PIP_INSTALL = -m pip install --disable-pip-version-check -q -c $(CONSTRAINTS)

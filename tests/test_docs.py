@@ -126,7 +126,7 @@ def test_every_example_is_run() -> None:
 
 
 @pytest.mark.parametrize("module", ["horo", "horo.keras", "horo.tensorflow", "horo.torch", "horo.lightning",
-                                    "horo.jax", "horo.elastic", "horo.ray"])
+                                    "horo.jax", "horo.elastic", "horo.ray", "horo.spark"])
 def test_api_reference_covers(module: str) -> None:
     pages = "\n".join(p.read_text(encoding="utf-8") for p in (ROOT / "docs" / "api").glob("*.md"))
     assert re.search(rf"^::: {re.escape(module)}$", pages, re.MULTILINE), f"no API reference page for {module}"
