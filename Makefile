@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.horo-installed
-EXTRAS ?= tensorflow-cpu,tf-keras,lightning,pytorch-lightning,jax,flax,plot,test,autotune,docs
+EXTRAS ?= tensorflow-cpu,tf-keras,lightning,pytorch-lightning,jax,flax,ray,plot,test,autotune,docs,spark
 # Development pins (torch 2.13.0 CPU, ...): pyproject.toml states ranges; this file fixes what we test with.
 CONSTRAINTS ?= constraints.txt
 PIP_INSTALL = -m pip install --disable-pip-version-check -q -c $(CONSTRAINTS)
@@ -76,7 +76,8 @@ bench: $(STAMP)
 docs: $(STAMP)
 	$(PY) -m mkdocs build --strict --site-dir site
 
-# sdist + wheel in dist/ (tests/test_packaging.py installs the wheel into a fresh venv and runs it).
+# The distribution horo-mpi (import name horo): sdist + wheel in dist/, horo_mpi-VERSION.tar.gz and
+# horo_mpi-VERSION-py3-none-any.whl (tests/test_packaging.py installs it by that name into a fresh venv and runs it).
 dist: $(STAMP)
 	rm -rf dist
 	$(PY) -m build --outdir dist .

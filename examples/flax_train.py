@@ -1,7 +1,7 @@
 """A Flax (NNX) + optax training loop made data-parallel with horo.jax, on generated data, offline.
 
 Run: hororun -np 2 python examples/flax_train.py [--verify]
-(or: mpiexec -n 2 python examples/flax_train.py). Needs flax (pip install 'horo[flax]').
+(or: mpiexec -n 2 python examples/flax_train.py). Needs flax (pip install 'horo-mpi[flax]').
 
 The changes to a single-process loop are the lines marked "horo": init, one broadcast of the initial
 parameters, the optimizer wrapped in hvd.DistributedOptimizer, each rank reading its own slice of every

@@ -95,7 +95,7 @@ def test_hororun_rejects_bad_flags(flags: list[str], needle: str) -> None:
 def test_missing_extra_names_it(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "sklearn", None)
     monkeypatch.setitem(sys.modules, "sklearn.gaussian_process", None)
-    with pytest.raises(ImportError, match=r"pip install 'horo\[autotune\]'"):
+    with pytest.raises(ImportError, match=r"pip install 'horo-mpi\[autotune\]'"):
         load_gp()
 
 
@@ -408,5 +408,5 @@ def test_missing_extra_fails_on_every_rank(tmp_path: Path, n: int) -> None:
     res = subprocess.run([sys.executable, "-m", "horo.run", "-np", str(n), sys.executable, str(script)],
                          capture_output=True, text=True, env=env, timeout=100)
     assert res.stdout.count("IMPORTERROR") == n, res.stdout + res.stderr
-    assert "pip install 'horo[autotune]'" in res.stdout
+    assert "pip install 'horo-mpi[autotune]'" in res.stdout
     assert _pgrep(marker) == ""

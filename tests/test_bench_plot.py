@@ -87,7 +87,7 @@ def test_missing_matplotlib_stops_before_measuring(bench: str, tmp_path: Path) -
             f"sys.exit(main([{bench!r}, '--plot', 'x.png']))")
     res = _run([sys.executable, "-c", code], tmp_path, timeout=120)
     assert res.returncode == 2, res.stdout[-2000:] + res.stderr[-2000:]
-    assert "pip install 'horo[plot]'" in res.stderr and "Received: --plot='x.png'" in res.stderr, res.stderr
+    assert "pip install 'horo-mpi[plot]'" in res.stderr and "Received: --plot='x.png'" in res.stderr, res.stderr
     assert "# horo.bench" not in res.stdout and not (tmp_path / "x.png").exists()
 
 

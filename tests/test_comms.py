@@ -1,7 +1,7 @@
 """horo makes its communicators with comms.duplicate (a Split), never MPI_Comm_dup or MPI_Comm_create.
 
 On Open MPI 5.0.11 a Dup or Create as a process's first exchange left both directions between two hosts on
-one TCP connection, halving later transfers (docs/multihost.md, "Dup halved the TCP bandwidth"); the
+one TCP connection, halving later transfers (docs/multihost.md, "Communicators: Split, never Dup"); the
 bandwidth itself is measured by the benches, not here. This keeps the calls from coming back.
 """
 

@@ -37,7 +37,7 @@ def test_jax_suite(n: int, tmp_path: Path) -> None:
 
 @pytest.mark.mpi
 @pytest.mark.timeout(EXAMPLE_TIMEOUT + 30)
-@pytest.mark.skipif(importlib.util.find_spec("flax") is None, reason="needs flax (pip install 'horo[flax]')")
+@pytest.mark.skipif(importlib.util.find_spec("flax") is None, reason="needs flax (pip install 'horo-mpi[flax]')")
 def test_flax_example_on_two_ranks_equals_one_process_on_twice_the_batch(tmp_path: Path) -> None:
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1",
                XLA_FLAGS="--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1")

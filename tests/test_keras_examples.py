@@ -16,7 +16,7 @@ TIMEOUT = 240.0
 
 pytestmark = pytest.mark.skipif(
     importlib.util.find_spec("keras") is None or importlib.util.find_spec("tensorflow") is None,
-    reason="needs keras and tensorflow (pip install 'horo[keras]')",
+    reason="needs keras and tensorflow (pip install 'horo-mpi[keras]')",
 )
 
 
@@ -40,7 +40,7 @@ def test_keras_fit_recipe_on_two_ranks(tmp_path: Path) -> None:
 
 @pytest.mark.mpi
 @pytest.mark.timeout(TIMEOUT + 30)
-@pytest.mark.skipif(importlib.util.find_spec("tf_keras") is None, reason="needs tf_keras ('horo[tf-keras]')")
+@pytest.mark.skipif(importlib.util.find_spec("tf_keras") is None, reason="needs tf_keras ('horo-mpi[tf-keras]')")
 @pytest.mark.parametrize("np", [2, 3])
 def test_keras_fit_recipe_on_keras2(tmp_path: Path, np: int) -> None:
     """The same script with TF_USE_LEGACY_KERAS=1: tf.keras models (tf_keras), checkpoint reloaded by tf_keras."""
@@ -52,7 +52,7 @@ def test_keras_fit_recipe_on_keras2(tmp_path: Path, np: int) -> None:
 
 @pytest.mark.mpi
 @pytest.mark.timeout(TIMEOUT + 30)
-@pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="needs torch (pip install 'horo[torch]')")
+@pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="needs torch (pip install 'horo-mpi[torch]')")
 def test_keras_fit_recipe_on_torch_needs_no_tensorflow(tmp_path: Path) -> None:
     # A tensorflow module that cannot be imported stands in for a machine without TensorFlow.
     (tmp_path / "no_tf").mkdir()
@@ -65,7 +65,7 @@ def test_keras_fit_recipe_on_torch_needs_no_tensorflow(tmp_path: Path) -> None:
 
 @pytest.mark.mpi
 @pytest.mark.timeout(TIMEOUT + 30)
-@pytest.mark.skipif(importlib.util.find_spec("jax") is None, reason="needs jax (pip install 'horo[jax]')")
+@pytest.mark.skipif(importlib.util.find_spec("jax") is None, reason="needs jax (pip install 'horo-mpi[jax]')")
 def test_keras_fit_recipe_on_jax_needs_no_tensorflow(tmp_path: Path) -> None:
     (tmp_path / "no_tf").mkdir()
     (tmp_path / "no_tf" / "tensorflow.py").write_text("raise ImportError('TensorFlow is not installed here')\n")

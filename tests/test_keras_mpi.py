@@ -31,7 +31,7 @@ TEST_TIMEOUT = int(os.environ.get("HORO_KERAS_TEST_TIMEOUT", "180"))
 
 JOBS = [(n, b) for b in ("tensorflow", "torch", "jax") for n in (1, 2, 3)]
 _NEEDS = {"tensorflow": "tensorflow", "torch": "torch", "jax": "jax"}
-_EXTRA = {"tensorflow": "horo[tensorflow-cpu]", "torch": "horo[torch]", "jax": "horo[jax]"}
+_EXTRA = {"tensorflow": "horo-mpi[tensorflow-cpu]", "torch": "horo-mpi[torch]", "jax": "horo-mpi[jax]"}
 
 
 KERAS2_FILES = ["test_keras2_optimizer.py", "test_keras2_training.py", "test_keras2_tensorflow.py"]
@@ -47,7 +47,7 @@ BOTH_KERASES = [f"test_callbacks.py::{name}" for name in (
 @pytest.mark.parametrize("n", [1, 2, 3], ids=lambda n: f"keras2-np{n}")
 def test_keras2_suite(n, tmp_path, monkeypatch):
     if importlib.util.find_spec("tf_keras") is None or importlib.util.find_spec("tensorflow") is None:
-        pytest.skip("needs tensorflow and tf_keras (pip install 'horo[tensorflow-cpu,tf-keras]')")
+        pytest.skip("needs tensorflow and tf_keras (pip install 'horo-mpi[tensorflow-cpu,tf-keras]')")
     monkeypatch.setenv("KERAS_BACKEND", "tensorflow")
     monkeypatch.setenv("TF_USE_LEGACY_KERAS", "1")
     for var in ("TF_NUM_INTEROP_THREADS", "TF_NUM_INTRAOP_THREADS"):

@@ -26,7 +26,7 @@ import import_graph  # noqa: E402 - from tools/, put on the path above
 def test_the_layers_contract_holds() -> None:
     exe = shutil.which("lint-imports", path=str(Path(sys.executable).parent))
     if exe is None:
-        pytest.skip("import-linter is not installed (pip install 'horo[test]')")
+        pytest.skip("import-linter is not installed (pip install 'horo-mpi[test]')")
     res = subprocess.run([exe, "--config", str(ROOT / "pyproject.toml"), "--no-cache"], cwd=ROOT,
                          capture_output=True, text=True, timeout=120)
     assert res.returncode == 0, res.stdout + res.stderr

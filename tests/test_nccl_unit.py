@@ -409,7 +409,7 @@ def test_imports_and_errors_without_cupy() -> None:
         try:
             nccl.load_cupy()
         except ImportError as exc:
-            assert "Received:" in str(exc) and "HINT: pip install 'horo[nccl]'" in str(exc), exc
+            assert "Received:" in str(exc) and "HINT: pip install 'horo-mpi[nccl]'" in str(exc), exc
         else:
             raise AssertionError("load_cupy should fail")
         try:

@@ -1,8 +1,11 @@
-"""Install as users do: metadata ranges, ``horo.__version__``, and the built wheel in a fresh venv.
+"""Install as users do: the distribution's name, metadata ranges, ``horo.__version__``, and the built wheel in a
+fresh venv.
 
-The wheel test builds the sdist and the wheel (``python -m build``), installs the wheel with the
-``lightning`` extra into a new venv (with constraints.txt, so torch stays this machine's CPU build), and
-runs examples/lightning_fit.py on 2 ranks through the venv's own ``hororun``.
+The distribution is ``horo-mpi`` (the import name is ``horo``; ``horo`` on the package index is another project).
+The wheel test builds the sdist and the wheel (``python -m build``), installs the distribution by its name with
+the ``lightning`` extra into a new venv (``pip install --find-links DIST 'horo-mpi[lightning]==VERSION'``, with
+constraints.txt, so torch stays this machine's CPU build), and runs examples/lightning_fit.py on 2 ranks through
+the venv's own ``hororun``.
 """
 
 from __future__ import annotations
@@ -34,8 +37,16 @@ def _name(req: str) -> str:
     return re.split(r"[<>=!~;\[ ]", req, maxsplit=1)[0].strip().lower()
 
 
+DIST = PYPROJECT["project"]["name"]
+WHEEL_STEM = DIST.replace("-", "_")  # a wheel's and an sdist's file names normalise the name (PEP 427, PEP 625)
+
+
+def test_distribution_name() -> None:
+    assert DIST == horo.DISTRIBUTION == "horo-mpi"
+
+
 def test_version_matches_metadata() -> None:
-    assert horo.__version__ == importlib.metadata.version("horo") == PYPROJECT["project"]["version"]
+    assert horo.__version__ == importlib.metadata.version(DIST) == PYPROJECT["project"]["version"]
 
 
 def test_extras_state_ranges_and_constraints_pin() -> None:
@@ -43,7 +54,7 @@ def test_extras_state_ranges_and_constraints_pin() -> None:
     for extra, reqs in extras.items():
         for req in reqs:
             if _name(req) in FRAMEWORKS:
-                assert "==" not in req and ">=" in req, f"horo[{extra}] pins {req!r}: state a tested range"
+                assert "==" not in req and ">=" in req, f"horo-mpi[{extra}] pins {req!r}: state a tested range"
     # The TF extras must not force the CPU build on a GPU machine: only the explicit one names it.
     assert not any(_name(r) == "tensorflow-cpu" for e, rs in extras.items() if e != "tensorflow-cpu" for r in rs)
     assert any(_name(r) == "tensorflow" for r in extras["tensorflow"])
@@ -82,39 +93,40 @@ def _run(cmd: list[str], timeout: float, **kw: object) -> subprocess.CompletedPr
 @pytest.mark.slow
 @pytest.mark.timeout(WHEEL_TIMEOUT + 60)
 def test_wheel_in_fresh_venv_runs_lightning_example(tmp_path: Path) -> None:
-    pytest.importorskip("build", reason="pip install 'horo[test]' (python -m build)")
+    pytest.importorskip("build", reason="pip install 'horo-mpi[test]' (python -m build)")
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV", "HORO_SELF_LAUNCHED")}
     env.update(OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
     dist = tmp_path / "dist"
     res = _run([sys.executable, "-m", "build", "--outdir", str(dist), str(REPO)], 300, env=env)
     assert res.returncode == 0, res.stdout[-6000:]
     version = PYPROJECT["project"]["version"]
-    wheel, sdist = dist / f"horo-{version}-py3-none-any.whl", dist / f"horo-{version}.tar.gz"
+    wheel, sdist = dist / f"{WHEEL_STEM}-{version}-py3-none-any.whl", dist / f"{WHEEL_STEM}-{version}.tar.gz"
     assert wheel.is_file() and sdist.is_file(), sorted(p.name for p in dist.iterdir())
     with tarfile.open(sdist) as tar:  # the sdist can run the suite: tests, examples, pins
         names = set(tar.getnames())
     for part in ("constraints.txt", "tests/mpi/test_allreduce.py", "examples/lightning_fit.py",
                  "src/horo/tensorflow/wait_kernel.cc"):
-        assert f"horo-{version}/{part}" in names, part
+        assert f"{WHEEL_STEM}-{version}/{part}" in names, part
     with zipfile.ZipFile(wheel) as whl:  # the TF kernel's source, compiled on first use
         assert "horo/tensorflow/wait_kernel.cc" in whl.namelist()
 
     venv = tmp_path / "venv"
     try:
-        _install_and_run(venv, wheel, version, env, tmp_path)
+        _install_and_run(venv, dist, version, env, tmp_path)
     finally:
         shutil.rmtree(venv, ignore_errors=True)  # about 1 GB with torch; pytest keeps recent tmp dirs
 
 
-def _install_and_run(venv: Path, wheel: Path, version: str, env: dict[str, str], tmp_path: Path) -> None:
+def _install_and_run(venv: Path, dist: Path, version: str, env: dict[str, str], tmp_path: Path) -> None:
     res = _run([sys.executable, "-m", "venv", str(venv)], 120, env=env)
     assert res.returncode == 0, res.stdout
     py = str(venv / "bin" / "python")
+    # By the distribution's name, as users install it; --find-links offers the wheel just built.
     res = _run([py, "-m", "pip", "install", "--disable-pip-version-check", "-q", "-c", str(REPO / "constraints.txt"),
-                f"{wheel}[lightning]"], 600, env=env)
+                "--find-links", str(dist), f"{DIST}[lightning]=={version}"], 600, env=env)
     assert res.returncode == 0, res.stdout[-6000:]
     probe = ("import importlib.metadata as m, horo, torch; "
-             "print('PROBE', horo.__version__, m.version('horo'), torch.__version__, horo.__file__)")
+             f"print('PROBE', horo.__version__, m.version({DIST!r}), torch.__version__, horo.__file__)")
     res = _run([py, "-c", probe], 120, env=env, cwd=tmp_path)
     assert res.returncode == 0, res.stdout
     _, ver, meta, torch_version, where = next(ln for ln in res.stdout.splitlines() if ln.startswith("PROBE")).split()
@@ -146,6 +158,6 @@ def test_missing_framework_is_named_at_import(module: str, backend: str) -> None
     if blocked == "tensorflow":
         assert "neither tensorflow nor tensorflow-cpu is installed" in last and "pip install tensorflow" in last
     elif blocked == "jax":
-        assert ("jax is not installed" in last or "import jax failed" in last) and "horo[jax]" in last, last
+        assert ("jax is not installed" in last or "import jax failed" in last) and "horo-mpi[jax]" in last, last
     else:
         assert "torch is not installed" in last and "pip install torch" in last

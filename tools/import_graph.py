@@ -41,7 +41,7 @@ def is_package(path: Path) -> bool:
 
 #: Third-party packages too heavy (or too optional) to import with horo itself.
 HEAVY = frozenset({"torch", "tensorflow", "keras", "jax", "jaxlib", "cupy", "pytorch_lightning", "lightning",
-                   "lightning_fabric", "matplotlib", "sklearn", "scipy"})
+                   "lightning_fabric", "matplotlib", "sklearn", "scipy", "ray"})
 #: horo's framework facades: each imports its framework, some through a function they call when imported.
 FACADES = ("horo.keras", "horo.tensorflow", "horo.torch", "horo.jax", "horo.strategies", "horo.lightning",
            "horo.callbacks")

@@ -10,9 +10,12 @@ from importlib.metadata import version as _dist_version
 from .core import *  # noqa: F403
 from .core import __all__ as _core_all
 
+#: The distribution's name on the package index (``pip install horo-mpi``); the import name is ``horo``.
+DISTRIBUTION = "horo-mpi"
+
 try:
     # One source of truth: pyproject.toml's version, as installed (wheel, sdist or editable).
-    __version__: str = _dist_version("horo")
+    __version__: str = _dist_version(DISTRIBUTION)
 except PackageNotFoundError:  # a source tree on sys.path without any install
     __version__ = "0+unknown"
 __all__ = list(_core_all) + ["__version__"]

@@ -5,7 +5,7 @@
 #   tests/gpu/device_run.sh OUTDIR --cpu    # a dry run of the same steps on CPU (tiny sizes), e.g. in CI
 #
 # The GPU machine needs CUDA, torch, CuPy with NCCL and pytest; what it lacks (Open MPI, mpi4py, Keras) comes as
-# wheels in ./.whl (docs/nccl.md says which and how to download them). The script makes a venv over the
+# wheels in ./.whl (docs/contributing.md, "GPU checks", says which and how to download them). The script makes a venv over the
 # machine's own packages, installs the wheels into it, and runs, each step with its own time limit:
 #   1. tests/gpu/host_path.py --check: host time of a repeated horo.torch.allreduce_ and of a gradient bucket;
 #   2. bench lightning, MLP and ResNet-50: HoroStrategy (its full exchange path: horo takes no size-1 shortcut)

@@ -1,4 +1,4 @@
-"""Per-call host cost of horo's GPU path at one rank (not collected by pytest; docs/nccl.md has the figures).
+"""Per-call host cost of horo's GPU path at one rank (not collected by pytest; docs/benchmarks.md has the figures).
 
     python tests/gpu/host_path.py [--check]
 

@@ -34,7 +34,7 @@ def _gpu_count() -> int:
 
 GPUS = _gpu_count()
 if GPUS == 0:
-    pytest.skip("needs the nccl extra (pip install 'horo[nccl]') and a CUDA GPU", allow_module_level=True)
+    pytest.skip("needs the nccl extra (pip install 'horo-mpi[nccl]') and a CUDA GPU", allow_module_level=True)
 
 
 def _nccl_loadable() -> bool:

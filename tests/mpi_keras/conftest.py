@@ -70,7 +70,7 @@ def tfk(backend):
 
     keras2 = tf.keras
     if not keras2.__name__.startswith("tf_keras"):
-        pytest.skip("tf_keras is not installed (pip install 'horo[tf-keras]')")
+        pytest.skip("tf_keras is not installed (pip install 'horo-mpi[tf-keras]')")
     return keras2
 
 

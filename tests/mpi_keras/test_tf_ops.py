@@ -324,7 +324,8 @@ def _grad(m, fn, x, dy):
 
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 def test_gradients_of_every_collective_in_both_modes(hvd, world, rank, tf_backend, dtype):
-    """Horovod's gradients (docs/keras.md, "TensorFlow gradients"); the incoming gradient differs per rank."""
+    """Horovod's gradients (docs/tensorflow.md, "Gradients of the collectives"); the incoming gradient differs per
+    rank."""
     import tensorflow as tf
 
     import horo.tensorflow as htf

@@ -47,7 +47,7 @@ def in_both_modes(check: Callable[[Modes], Any]) -> None:
 def graph_mismatch_error() -> type:
     """The class a mismatch inside a graph raises: ``FailedPreconditionError`` with horo's compiled wait; the
     pure-Python wait (no C++ compiler, or ``HORO_TF_KERNEL=python``) gets TensorFlow's mapping of a Python
-    exception, ``UnknownError`` (docs/keras.md, "TensorFlow errors")."""
+    exception, ``UnknownError`` (docs/tensorflow.md, "Errors")."""
     import tensorflow as tf
 
     from horo.tensorflow import kernel

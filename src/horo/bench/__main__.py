@@ -44,8 +44,9 @@ def main(argv: list[str] | None = None) -> int:
                 why = (f"the module horo.bench.{name} is not part of this installation. HINT: update horo; "
                        f"available here: {', '.join(n for n in BENCHES if _present(n))}")
             else:
-                why = (f"it needs the package {missing!r}, which is not installed. HINT: install horo's "
-                       "extras (pip install 'horo[tensorflow]', 'horo[tensorflow-cpu]' or 'horo[lightning]')")
+                why = (f"it needs the package {missing!r}, which is not installed. HINT: install horo's extras "
+                       "(pip install 'horo-mpi[tensorflow]', 'horo-mpi[tensorflow-cpu]' or "
+                       "'horo-mpi[lightning]')")
             print(f"horo.bench: cannot run benchmark {name!r}: {why}.", file=sys.stderr)
         return 2
     return int(module.main(rest) or 0)

@@ -7,7 +7,7 @@
 1. Tuning: horo starts with ``HORO_AUTOTUNE=1`` from a deliberately bad setting (64 MiB fusion, given as
    ``HORO_AUTOTUNE_START`` so the knob stays tunable) and runs engine steps (the 161 ResNet-50 gradients,
    ``allreduce_async_`` by name, then synchronize) until the tuner freezes its best setting. The trajectory
-   (score of every trial) is printed and, with ``--plot``, drawn (needs matplotlib: ``horo[plot]``).
+   (score of every trial) is printed and, with ``--plot``, drawn (needs matplotlib: ``horo-mpi[plot]``).
 2. Steady state, interleaved in one loop so that machine noise hits all alike: the frozen setting, every
    point of the grid fusion threshold x cycle time (x chunk size with ``--grid-chunk``; default: the
    default chunk only), and raw mpi4py (one

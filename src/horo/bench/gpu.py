@@ -47,7 +47,7 @@ from horo.core.api.process_sets import global_process_set
 from horo.core.transport import device, nccl
 from horo.core.transport.comms import duplicate
 
-NEEDS = "horo.bench gpu: needs the nccl extra and a GPU (pip install 'horo[nccl]' on a CUDA machine); skipping."
+NEEDS = "horo.bench gpu: needs the nccl extra and a GPU (pip install 'horo-mpi[nccl]' on a CUDA machine); skipping."
 DTYPES = ("float32", "float16", "float64", "int32", "int64", "uint8")
 VARIANTS = ("raw", "horo", "torch_", "staged")
 

@@ -99,7 +99,7 @@ def _carriers(comm: Any, xla: bool) -> dict[str, Callable[[list[Any]], list[Any]
         out["mpi4jax"] = jax.jit(lambda gs: [mpi4jax.allreduce(g / size, op=MPI.SUM, comm=mcomm) for g in gs])
     except ImportError:
         if comm.Get_rank() == 0:
-            print("mpi4jax left out: not installed (see docs/keras.md, 'Keras on JAX')", file=sys.stderr)
+            print("mpi4jax left out: not installed (docs/design-keras.md says why)", file=sys.stderr)
     if xla:
         from jax.sharding import Mesh, NamedSharding
         from jax.sharding import PartitionSpec as P

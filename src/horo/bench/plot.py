@@ -1,6 +1,6 @@
 """``--plot FILE.png`` for every benchmark: the figures people would rather look at than read.
 
-matplotlib is an optional extra (``pip install 'horo[plot]'``), imported only when a plot is asked for and
+matplotlib is an optional extra (``pip install 'horo-mpi[plot]'``), imported only when a plot is asked for and
 checked before the benchmark starts, so a missing extra costs no measuring time. Only rank 0 draws.
 """
 
@@ -29,7 +29,7 @@ class PlotError(ValueError):
 def add_plot_arg(parser: argparse.ArgumentParser) -> None:
     """Add the shared ``--plot FILE.png`` option to a benchmark's parser."""
     parser.add_argument("--plot", metavar="FILE.png",
-                        help="also draw the results into FILE.png (rank 0; needs pip install 'horo[plot]')")
+                        help="also draw the results into FILE.png (rank 0; needs pip install 'horo-mpi[plot]')")
 
 
 def _pyplot(path: str) -> Any:
@@ -38,7 +38,7 @@ def _pyplot(path: str) -> Any:
     except ImportError:
         raise PlotError(
             f"--plot needs matplotlib, which is not installed. Received: --plot={path!r}. "
-            "HINT: pip install 'horo[plot]' (or pip install matplotlib), or leave out --plot."
+            "HINT: pip install 'horo-mpi[plot]' (or pip install matplotlib), or leave out --plot."
         ) from None
     matplotlib.use("Agg")  # files only: no display, no GUI toolkit
     import matplotlib.pyplot as plt

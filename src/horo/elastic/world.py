@@ -33,7 +33,7 @@ def require_ft(what: str) -> None:
         raise HoroError(
             f"{what} needs an MPI with fault tolerance (ULFM), started with it enabled. Received: MPI library "
             f"{lib!r}, OMPI_MCA_mpi_ft_enable={__import__('os').environ.get('OMPI_MCA_mpi_ft_enable')!r}. "
-            "HINT: use horo's embedded Open MPI (pip install horo) and launch with hororun --min-np/--max-np "
+            "HINT: use horo's embedded Open MPI (pip install horo-mpi) and launch with hororun --min-np/--max-np "
             "(or mpiexec --with-ft ulfm); MPICH, Intel MPI and Cray MPICH cannot shrink a world."
         )
 

@@ -5,7 +5,7 @@ rank, ...), reduce ops, errors and process sets come from the core; the collecti
 ``jax.Array`` values, eagerly and inside ``jax.jit``; ``broadcast_parameters(pytree, root_rank)`` returns
 rank 0's parameters (or optimizer state); ``DistributedOptimizer(optax_transformation)`` averages the
 gradients across ranks; ``elastic.JaxState`` keeps a training loop alive through a lost worker.
-Needs jax (the ``jax`` extra, ``pip install 'horo[jax]'``, which brings CPU jax and optax).
+Needs jax (the ``jax`` extra, ``pip install 'horo-mpi[jax]'``, which brings CPU jax and optax).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import Any
 try:
     import jax as _jax  # noqa: F401
 except ImportError as _exc:  # pragma: no cover - depends on the installed extras
-    raise ImportError("horo.jax needs JAX. Received: import jax failed. HINT: pip install 'horo[jax]' (CPU), or "
+    raise ImportError("horo.jax needs JAX. Received: import jax failed. HINT: pip install 'horo-mpi[jax]' (CPU), or "
                       "install jax[cuda12] first on GPUs.") from _exc
 
 # Runtime queries, ops, errors, process sets: shared by every facade.

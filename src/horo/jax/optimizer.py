@@ -35,7 +35,8 @@ def _optax() -> Any:
         import optax
     except ImportError as exc:
         raise ImportError("horo.jax.DistributedOptimizer wraps an optax optimizer, and optax is not installed. "
-                          f"Received: import optax failed ({exc}). HINT: pip install 'horo[jax]' (or optax).") from exc
+                          f"Received: import optax failed ({exc}). HINT: pip install 'horo-mpi[jax]' "
+                          "(or optax).") from exc
     return optax
 
 

@@ -13,11 +13,11 @@ __all__ = ["require_keras"]
 # What provides each backend's framework. TensorFlow comes as `tensorflow` (GPU builds) or
 # `tensorflow-cpu`; horo's extras leave that choice to the user, so the message names both.
 _INSTALL = {
-    "tensorflow": "pip install tensorflow (GPU builds; or 'horo[tensorflow]'), or pip install tensorflow-cpu on a "
-                  "machine without a GPU ('horo[tensorflow-cpu]'); or train on torch: KERAS_BACKEND=torch",
-    "torch": "pip install torch (or 'horo[torch]'); or set KERAS_BACKEND=tensorflow",
-    "jax": "pip install jax (CPU; or 'horo[jax]'), or jax[cuda12] on GPUs; or set KERAS_BACKEND=tensorflow",
-    "jaxlib": "pip install jax (CPU; or 'horo[jax]'), or jax[cuda12] on GPUs; or set KERAS_BACKEND=tensorflow",
+    "tensorflow": "pip install tensorflow (GPU builds; or 'horo-mpi[tensorflow]'), or pip install tensorflow-cpu on a "
+                  "machine without a GPU ('horo-mpi[tensorflow-cpu]'); or train on torch: KERAS_BACKEND=torch",
+    "torch": "pip install torch (or 'horo-mpi[torch]'); or set KERAS_BACKEND=tensorflow",
+    "jax": "pip install jax (CPU; or 'horo-mpi[jax]'), or jax[cuda12] on GPUs; or set KERAS_BACKEND=tensorflow",
+    "jaxlib": "pip install jax (CPU; or 'horo-mpi[jax]'), or jax[cuda12] on GPUs; or set KERAS_BACKEND=tensorflow",
 }
 
 
@@ -37,7 +37,7 @@ def require_keras() -> ModuleType:
         if top == "keras":
             raise ImportError(
                 f"horo.keras needs Keras 3, which is not installed. Received: import keras failed ({exc}). "
-                f"HINT: pip install 'horo[keras]', plus a backend: {_INSTALL['tensorflow']}."
+                f"HINT: pip install 'horo-mpi[keras]', plus a backend: {_INSTALL['tensorflow']}."
             ) from exc
         if top in _INSTALL:
             what = "neither tensorflow nor tensorflow-cpu is" if top == "tensorflow" else f"{top} is not"
@@ -50,7 +50,7 @@ def require_keras() -> ModuleType:
     if not major.isdigit() or int(major) < 3:
         raise ImportError(
             f"horo.keras needs Keras 3. Received: keras.__version__={keras.__version__!r}. "
-            "HINT: pip install -U 'horo[keras]' (Keras 2 models, tf_keras, are served too: horo.keras needs "
+            "HINT: pip install -U 'horo-mpi[keras]' (Keras 2 models, tf_keras, are served too: horo.keras needs "
             "Keras 3 installed next to tf_keras, as TensorFlow itself does)."
         )
     return keras

@@ -4,7 +4,7 @@ in the unified ``lightning`` package (``import lightning as L``) and in the stan
 
 Run with ``hororun -np N python train.py`` (or plain ``mpiexec``, or ``srun --mpi=pmix``), or ``python train.py``
 with ``L.Trainer(strategy="horo", devices=N)``: that process becomes rank 0 and starts the others. Needs
-``pip install horo[lightning]``. The classes below are the unified package's where it is installed;
+``pip install 'horo-mpi[lightning]'``. The classes below are the unified package's where it is installed;
 ``classes("pytorch_lightning")`` gives the standalone package's (``.HoroStrategy``, ``.HoroFabricStrategy``).
 Elastic training (``hororun --min-np/--max-np``): ``horo.lightning.elastic``.
 """

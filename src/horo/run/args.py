@@ -56,7 +56,7 @@ def build_parser() -> argparse.ArgumentParser:
                        help="file with one 'host slots=N' (or 'host:N') per line")
     parser.add_argument("--timeline-filename", dest="timeline", metavar="FILE",
                         help="record a timeline: sets HORO_TIMELINE=FILE on every rank")
-    tune = parser.add_argument_group("autotune", "tune the engine's knobs while training (needs horo[autotune])")
+    tune = parser.add_argument_group("autotune", "tune the engine's knobs while training (needs horo-mpi[autotune])")
     tune.add_argument("--autotune", action="store_true", help="turn autotune on (HORO_AUTOTUNE=1)")
     tune.add_argument("--autotune-log-file", metavar="FILE", help="CSV of every trial, written by rank 0")
     tune.add_argument("--autotune-warmup-samples", metavar="N",

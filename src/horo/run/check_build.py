@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import importlib
-import importlib.metadata
 import importlib.util
 import os
 from collections.abc import Callable
@@ -97,11 +96,7 @@ def check_build() -> str:
     """The report printed by ``hororun --check-build``."""
     # TensorFlow's C++ start-up chatter would bury the report.
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    try:
-        version = importlib.metadata.version("horo")
-    except importlib.metadata.PackageNotFoundError:
-        version = "unknown"
-    lines = [f"horo v{version}:", "", "Available frameworks:"]
+    lines = [f"horo v{horo.__version__} (distribution {horo.DISTRIBUTION}):", "", "Available frameworks:"]
     for label, name in _FRAMEWORKS:
         # Import failures are still reported: probe_module returns them as text.
         # TensorFlow logs from C++ at import, partly before it reads TF_CPP_MIN_LOG_LEVEL.

@@ -117,7 +117,7 @@ def run_elastic(ns: argparse.Namespace, mpiexec: str, flavor: str, base_env: dic
     if flavor != OPENMPI:
         return _fail(f"elastic mode needs an MPI with fault tolerance (ULFM): Open MPI 5 started with "
                      f"--with-ft ulfm. Received: --mpiexec={mpiexec!r} ({flavor}). HINT: use horo's embedded Open "
-                     "MPI (pip install horo) or drop --min-np/--max-np/--host-discovery-script.", 2)
+                     "MPI (pip install horo-mpi) or drop --min-np/--max-np/--host-discovery-script.", 2)
     if ns.discovery:
         script = os.path.abspath(ns.discovery)
 

@@ -17,7 +17,7 @@ from .launch import launcher_rank as _launcher_rank
 
 _packages = installed()
 if not _packages:  # pragma: no cover - depends on the installed extras
-    raise ImportError("horo.strategies needs Lightning. HINT: pip install horo[lightning]")
+    raise ImportError("horo.strategies needs Lightning. HINT: pip install 'horo-mpi[lightning]'")
 for _package in _packages:
     register(_package)
 

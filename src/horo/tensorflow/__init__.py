@@ -3,7 +3,7 @@
 
 Collectives take and return tf tensors, eagerly, inside ``tf.function`` and in ``tf.compat.v1`` graphs, where
 they are matched by name through horo's engine: independent collectives may run in any order on any rank
-(``engine_ops``, docs/keras.md "TensorFlow graphs"). Not under ``jit_compile=True``. ``DistributedGradientTape``
+(``engine_ops``, docs/design-keras.md "TensorFlow graphs"). Not under ``jit_compile=True``. ``DistributedGradientTape``
 and ``DistributedOptimizer`` average gradients across ranks, ``broadcast_variables`` syncs variables,
 ``SyncBatchNormalization`` normalises over every rank's batch, ``shard_dataset`` splits a ``tf.data.Dataset``
 per rank. Errors are TensorFlow's own classes (``errors``).

@@ -4,7 +4,7 @@ A collective on tf tensors that fails raises a ``tf.errors.OpError`` of the clas
 between ranks: ``FailedPreconditionError``; a bad argument: ``InvalidArgumentError``). Eagerly, it is a subclass
 of both the TF class and horo's own (``TensorFlowMismatchError`` is a ``tf.errors.FailedPreconditionError`` and a
 ``horo.MismatchError``), so either ``except`` clause catches it. Inside a graph or ``tf.function`` TensorFlow
-rebuilds the error from its status code: the TF class, with horo's message (docs/keras.md, "TensorFlow errors").
+rebuilds the error from its status code: the TF class, with horo's message (docs/tensorflow.md, "Errors").
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The collectives on dense tf tensors, each one graph op (``engine_ops``), and their gradients.
 
-Gradients follow Horovod's, which its own tests check (docs/keras.md, "TensorFlow gradients"):
+Gradients follow Horovod's, which its own tests check (docs/tensorflow.md, "Gradients of the collectives"):
 
 * allreduce with Sum, Average or Adasum: the same allreduce of the incoming gradient (scale factors too);
   with Min or Max: the summed incoming gradient where this rank's value is the result, zero elsewhere; with

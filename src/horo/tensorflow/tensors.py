@@ -35,7 +35,8 @@ def import_tf() -> Any:
         raise ImportError(
             "horo's TensorFlow support needs TensorFlow, and neither tensorflow nor tensorflow-cpu is installed. "
             f"Received: import tensorflow failed ({exc}). HINT: pip install tensorflow (GPU builds; or "
-            "'horo[tensorflow]'), or pip install tensorflow-cpu on a machine without a GPU ('horo[tensorflow-cpu]')."
+            "'horo-mpi[tensorflow]'), or pip install tensorflow-cpu on a machine without a GPU "
+            "('horo-mpi[tensorflow-cpu]')."
         ) from exc
     return tf
 

@@ -3,7 +3,7 @@
 Collectives take and return torch tensors (CPU tensors move without copies); the out-of-place ones are
 differentiable. ``DistributedOptimizer`` averages gradients while backward runs. Importing it registers the
 ``horo`` backend of torch.distributed (``init_process_group("horo")``, see ``horo.torch.backend``). Needs torch (the
-``torch`` extra, ``pip install 'horo[torch]'``, or any torch in the supported range).
+``torch`` extra, ``pip install 'horo-mpi[torch]'``, or any torch in the supported range).
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from __future__ import annotations
 try:
     import torch as _torch  # noqa: F401
 except ImportError as _exc:  # pragma: no cover - depends on the installed extras
-    raise ImportError("horo.torch needs PyTorch. HINT: pip install torch, or 'horo[torch]'") from _exc
+    raise ImportError("horo.torch needs PyTorch. HINT: pip install torch, or 'horo-mpi[torch]'") from _exc
 
 # Runtime queries, ops, errors, process sets: shared by every facade.
 from .._facade import *  # noqa: F403

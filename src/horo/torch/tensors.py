@@ -21,7 +21,7 @@ try:
     import torch
 except ImportError as exc:  # pragma: no cover - depends on the installed extras
     raise ImportError(
-        "horo's PyTorch support needs torch. HINT: pip install torch, or 'horo[torch]' ('horo[lightning]' "
+        "horo's PyTorch support needs torch. HINT: pip install torch, or 'horo-mpi[torch]' ('horo-mpi[lightning]' "
         "for Lightning too)."
     ) from exc
 

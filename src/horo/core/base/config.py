@@ -205,8 +205,8 @@ _DEFAULTS: dict[str, float] = {
     # lost peers or a silent network and the rank exits with an error (0: wait forever, Horovod's default).
     "HORO_STALL_SHUTDOWN_TIME_SECONDS": 0.0,
     # Seconds a peer may send no heartbeat before it is taken for lost (its host frozen, or the link to it
-    # silently cut); heartbeats run on a thread of their own, so a long step never trips it. 0: no heartbeats.
-    "HORO_HEARTBEAT_TIMEOUT_SECONDS": 6.0,
+    # silently cut); heartbeats run in a process of each rank's own, so a long step never trips it. 0: none.
+    "HORO_HEARTBEAT_TIMEOUT_SECONDS": 5.0,
     # 1: reduce/gather inside each host, then across one leader per host (see hierarchy.py).
     "HORO_HIERARCHICAL_ALLREDUCE": 0.0,
     "HORO_HIERARCHICAL_ALLGATHER": 0.0,

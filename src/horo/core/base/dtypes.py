@@ -61,7 +61,7 @@ def as_host_array(value: Any, arg: str = "tensor") -> np.ndarray:
         except (BufferError, TypeError, RuntimeError) as exc:
             raise TypeError(
                 f"Could not read {arg} as a host array through DLPack. Received: {arg} of type "
-                f"{type(value).__name__}. HINT: GPU tensors need the NCCL backend (pip install horo[nccl]); "
+                f"{type(value).__name__}. HINT: GPU tensors need the NCCL backend (pip install 'horo-mpi[nccl]'); "
                 f"otherwise move it to host memory first. ({exc})"
             ) from exc
     elif hasattr(value, "__array_interface__") or isinstance(value, (memoryview, bytearray)):

@@ -40,10 +40,15 @@ from ..base.config import started_by_launcher
 from .netif import interface_of
 from .signed import recv, send
 
-__all__ = ["Described", "JoinError", "described", "join"]
+__all__ = ["Described", "JoinError", "described", "join", "leave"]
 
 #: Variables of an MPI job that a placeholder hands to its process (PMIx's, Open MPI's and its runtime's).
 _MPI_PREFIXES = ("PMIX_", "OMPI_", "PRTE_", "OPAL_")
+#: The world this process joined (MPI starts once per process: a later ``init`` after ``shutdown`` reuses it),
+#: how it leaves that world, and (on rank 0) the launcher of the placeholders' job.
+_joined: Described | None = None
+_leave: list[Any] = []
+_launcher: list[subprocess.Popen] = []
 
 
 class JoinError(RuntimeError):
@@ -109,10 +114,12 @@ def refusal(d: Described, why: str) -> JoinError:
 # ------------------------------------------------------------------------------------------ the joining
 class _Server:
     """This process's own server: its placeholder connects here, and (on a host's local rank 0) the
-    remote-start program asks it to run Open MPI's daemon."""
+    remote-start program asks it to run Open MPI's daemon. It takes such a request from rank 0's host only,
+    for Open MPI's daemon only, and stops listening once this process's placeholder has come (every daemon is
+    running by then)."""
 
-    def __init__(self, d: Described, ip: str) -> None:
-        self.d = d
+    def __init__(self, d: Described, ip: str, root_ip: str) -> None:
+        self.d, self.root_ip = d, root_ip
         self.sock = socket.create_server((ip, 0))
         self.port = self.sock.getsockname()[1]
         self.env: dict[str, str] | None = None
@@ -121,8 +128,11 @@ class _Server:
         threading.Thread(target=self._serve, name="horo-join", daemon=True).start()
 
     def _serve(self) -> None:
-        while True:
-            conn, _ = self.sock.accept()
+        while not self.ready.is_set():
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return  # closed: the joining is over
             threading.Thread(target=self._one, args=(conn,), name="horo-join-conn", daemon=True).start()
 
     def _one(self, conn: socket.socket) -> None:
@@ -134,7 +144,9 @@ class _Server:
         if isinstance(msg, dict) and msg.get("kind") == "placeholder" and msg.get("rank") == self.d.rank:
             self.env, self.placeholder = msg["env"], conn
             self.ready.set()
-        elif isinstance(msg, dict) and msg.get("kind") == "exec" and self.d.local_rank == 0:
+            self.sock.close()
+        elif (isinstance(msg, dict) and msg.get("kind") == "exec" and self.d.local_rank == 0
+              and conn.getpeername()[0] == self.root_ip and "prted" in str(msg.get("command"))):
             _run_daemon(conn, self.d.secret, msg["command"])
         else:
             conn.close()
@@ -171,8 +183,14 @@ def join(d: Described) -> None:
 
     Must run before MPI starts in this process. Raises ``JoinError`` where that cannot work.
     """
+    global _joined
     mpi = sys.modules.get("mpi4py.MPI")
     if mpi is not None and mpi.Is_initialized():
+        if _joined == d and not mpi.Is_finalized():
+            return  # init() after shutdown() in a process that joined: the same world, still running
+        if _joined is not None:
+            raise refusal(d, "this process already left the world it joined (MPI ends once per process: a new "
+                             "world needs new processes)")
         raise refusal(d, "MPI was already started in this process (import horo before anything starts MPI)")
     if d.port <= 0 or d.port > 65535:
         raise refusal(d, f"no rendezvous port (HORO_JOIN_PORT or MASTER_PORT + 1). Received: port={d.port}")
@@ -181,13 +199,13 @@ def join(d: Described) -> None:
         if d.rank == 0:
             listener = socket.create_server((d.master, d.port), reuse_port=False)
             ip = listener.getsockname()[0]
-            server = _Server(d, ip)
+            server = _Server(d, ip, ip)
             table = _gather(d, listener, {"rank": 0, "ip": ip, "port": server.port,
                                           "iface": interface_of(ip)}, deadline)
             _launch(d, table)
         else:
             sock, ip = _facing_ip(d.master, d.port, deadline)
-            server = _Server(d, ip)
+            server = _Server(d, ip, sock.getpeername()[0])
             send(sock, d.secret, {"rank": d.rank, "local_rank": d.local_rank, "ip": ip, "port": server.port,
                                   "iface": interface_of(ip)})
             sock.settimeout(max(deadline - time.monotonic(), 1.0))
@@ -202,6 +220,21 @@ def join(d: Described) -> None:
                          "(HORO_JOIN_TIMEOUT); see rank 0's output for the launcher's error")
     os.environ.update({k: v for k, v in (server.env or {}).items() if k.startswith(_MPI_PREFIXES)})
     _watch(server.placeholder, d)  # type: ignore[arg-type]
+    _joined = d
+
+
+def leave(timeout: float = 10.0) -> None:
+    """End this process's part of the joined world now, as at its exit: MPI's finalize, then its placeholder
+    is told (it ends with status 0). For a process that lives on after its work (a Ray actor); call it after
+    horo's own ``shutdown()``, in every process of the world. On rank 0, waits up to ``timeout`` seconds for the
+    placeholders' launcher to end. No-op in a process that did not join."""
+    for bye in _leave:
+        bye()
+    for proc in _launcher:
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            pass  # its placeholders have not all ended yet; atexit reaps it
 
 
 def _gather(d: Described, listener: socket.socket, mine: dict[str, Any], deadline: float) -> list[dict[str, Any]]:
@@ -270,6 +303,7 @@ def _launch(d: Described, table: list[dict[str, Any]]) -> None:
         cmd += ["--network-interface", ",".join(ifaces)]
     cmd += [py, "-m", "horo.core.transport.adopt_agent", "placeholder"]
     proc = subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL)
+    _launcher.append(proc)
     atexit.register(_reap, proc)
 
 
@@ -286,6 +320,8 @@ def _watch(placeholder: socket.socket, d: Described) -> None:
     done = threading.Event()
 
     def bye() -> None:
+        if done.is_set():
+            return
         mpi = sys.modules.get("mpi4py.MPI")
         if mpi is not None and mpi.Is_initialized() and not mpi.Is_finalized():
             mpi.Finalize()  # before the placeholder goes: its daemon counts this rank as ended with it
@@ -310,4 +346,5 @@ def _watch(placeholder: socket.socket, d: Described) -> None:
             os._exit(1)
 
     atexit.register(bye)  # registered before MPI starts: runs after horo's and mpi4py's own exit handlers
+    _leave.append(bye)
     threading.Thread(target=watch, name="horo-join-watch", daemon=True).start()

@@ -20,7 +20,7 @@ def duplicate(comm: Any) -> Any:
     exchange that one side starts (the CID agreement of ``Dup``/``Create``) leaves both directions of a
     pair on one connection for good, at about half the link each way; the symmetric allgather of ``Split``
     gives each direction its own. On the 1 Gbit/s test bed a later 16 MiB ``Allreduce`` took 275 instead of
-    141 ms (docs/multihost.md, "Dup halved the TCP bandwidth").
+    141 ms (docs/multihost.md, "Communicators: Split, never Dup").
     """
     return comm.Split(0, key=comm.Get_rank())
 

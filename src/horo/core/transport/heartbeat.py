@@ -10,7 +10,7 @@ hours, or inside a C extension that holds the interpreter lock, keeps answering;
 stops its heartbeats, so a rank stopped for less than the timeout is not reported. A connection that
 closes is a process that ended; MPI and horo's other checks deal with that.
 
-A peer silent for ``HORO_HEARTBEAT_TIMEOUT_SECONDS`` (default 6; 0 turns heartbeats off) is declared lost:
+A peer silent for ``HORO_HEARTBEAT_TIMEOUT_SECONDS`` (default 5; 0 turns heartbeats off) is declared lost:
 
 - the heartbeat process that saw it prints one line naming the silent rank and its host, and rank 0's passes
   the news to every rank it still reaches, whose processes print the same kind of line;

@@ -3,7 +3,7 @@
 ``JAXTrainer.train_step`` calls ``optimizer.stateless_apply(optimizer_variables, grads, trainable_variables)``
 inside ``jax.jit``; that runs the optimizer's ``apply`` in a ``StatelessScope``, so horo's ``apply`` (see
 ``horo.keras.optimizer``) meets traced gradients and hands them to ``horo.jax.exchange``: one ordered
-host callback per step into horo's fused MPI allreduce (docs/keras.md, "Keras on JAX", says why this
+host callback per step into horo's fused MPI allreduce (docs/design-keras.md, "The exchange inside jit", says why this
 carrier). Everything that must live from step to step is an optimizer variable, because only those travel
 through the compiled step: ``backward_passes_per_step``'s sums and pass counter are added to the
 optimizer's variables (and left out of saved files, so that they stay the plain optimizer's).

@@ -5,7 +5,7 @@ CUDA gradients that are the variables' own ``.grad`` (Keras's ``train_step``) tr
 gradient buckets: a few prepared allreduces in device buffers instead of one call per gradient. Host
 float gradients that are the variables' own ``.grad`` are averaged where they lie (``_reduce_in_place``);
 other host gradients go through the single fused exchange into aligned host buffers. On CPU the buckets'
-copy back into ``.grad`` costs a pass over the gradients that neither of those makes (docs/keras.md,
+copy back into ``.grad`` costs a pass over the gradients that neither of those makes (docs/design-keras.md,
 "Gradient buckets on the torch backend").
 """
 

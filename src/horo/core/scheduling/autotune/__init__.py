@@ -22,7 +22,7 @@ def setup(comm: Any, base: Knobs) -> tuple[AutotuneOptions, Manager | None]:
 
     Raises:
         ValueError: a bad autotune variable on rank 0, raised on every rank.
-        ImportError: autotune is on but scikit-learn (``horo[autotune]``) is missing, raised on every rank.
+        ImportError: autotune is on but scikit-learn (``horo-mpi[autotune]``) is missing, raised on every rank.
     """
     from mpi4py import MPI
 

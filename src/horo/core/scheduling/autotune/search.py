@@ -4,7 +4,7 @@ The continuous knobs (fusion threshold, cycle time, chunk size, and the gradient
 exchange's buckets follow it) are searched on a log scale mapped to the unit cube: on host memory the best
 fusion threshold sits near 1 MiB, which a linear 0-64 MiB axis (as in Horovod) would squeeze into its first
 2 %. The Gaussian process is scikit-learn's (the optional
-``horo[autotune]`` extra, imported only when autotune is on); the acquisition is maximised with SciPy's
+``horo-mpi[autotune]`` extra, imported only when autotune is on); the acquisition is maximised with SciPy's
 L-BFGS-B from the best of a few thousand random candidates. On/off knobs (the response cache, and the
 hierarchical allreduce and allgather where the job spans hosts and some host runs several ranks) are tried
 after the continuous search, one after the other, each flipped once at the best setting so far, as
@@ -37,7 +37,7 @@ from .verdict import FINAL_MARGIN, Decision, decide
 __all__ = ["CONTINUOUS", "Decision", "EXTRA_HINT", "FINAL_MARGIN", "FINAL_ROUNDS", "Search", "decide", "from_unit",
            "load_gp", "to_unit"]
 
-EXTRA_HINT = "pip install 'horo[autotune]'"
+EXTRA_HINT = "pip install 'horo-mpi[autotune]'"
 FINALISTS = 3
 CONFIRM_ROUNDS = 2
 FINAL_ROUNDS = 3  # pairs of (defaults, winner) trials in the final check
@@ -64,7 +64,7 @@ def load_gp() -> tuple[Any, Any, Any, Any]:
     """scikit-learn's GaussianProcessRegressor and kernels, and SciPy's minimize and norm.
 
     Raises:
-        ImportError: naming the ``horo[autotune]`` extra when scikit-learn is missing.
+        ImportError: naming the ``horo-mpi[autotune]`` extra when scikit-learn is missing.
     """
     try:
         from scipy.optimize import minimize

@@ -102,7 +102,7 @@ def need_cupy(what: str) -> Any:
     if cp is None:
         raise TypeError(
             f"{what} needs CuPy to read GPU memory. Received: no usable 'cupy' (not installed or no CUDA "
-            "device). HINT: pip install 'horo[nccl]' (CUDA 13; 'horo[nccl-cuda12]' on CUDA 12), or move the "
+            "device). HINT: pip install 'horo-mpi[nccl]' (CUDA 13; 'horo-mpi[nccl-cuda12]' on CUDA 12), or move the "
             "tensor to the host."
         )
     return cp

@@ -29,7 +29,7 @@ def note_staging(reason: str = "NCCL is not in use") -> bool:
     if getattr(state, "world", None) is not None and state.world.Get_rank() != 0:
         return False  # the reason is agreed by all ranks: one line per job is enough
     log.warning("horo: GPU tensors are staged through host memory for MPI (%s): correct but slower than NCCL. "
-                "HINT: pip install 'horo[nccl]' and run one rank per GPU.", reason)
+                "HINT: pip install 'horo-mpi[nccl]' and run one rank per GPU.", reason)
     return True
 
 
@@ -70,7 +70,7 @@ def _copy_to_host(x: Any, arg: str, on_device: bool) -> np.ndarray:
     except Exception as exc:
         raise TypeError(
             f"Cannot copy {arg} to host memory. Received: {arg} of type {type(x).__name__}. HINT: install "
-            "CuPy (pip install 'horo[nccl]') or pass a torch / TensorFlow / CuPy tensor."
+            "CuPy (pip install 'horo-mpi[nccl]') or pass a torch / TensorFlow / CuPy tensor."
         ) from exc
 
 

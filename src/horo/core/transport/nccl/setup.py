@@ -38,7 +38,7 @@ def load_cupy() -> tuple[Any, Any]:
     except ImportError as exc:
         raise ImportError(
             "NCCL collectives need CuPy. Received: no importable 'cupy' module. "
-            "HINT: pip install 'horo[nccl]' on a CUDA 13 machine, 'horo[nccl-cuda12]' on CUDA 12."
+            "HINT: pip install 'horo-mpi[nccl]' on a CUDA 13 machine, 'horo-mpi[nccl-cuda12]' on CUDA 12."
         ) from exc
     import warnings
 

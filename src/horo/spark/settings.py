@@ -1,0 +1,135 @@
+"""The arguments of ``horo.spark.run`` and ``run_elastic``, checked before anything starts; Horovod's defaults."""
+
+from __future__ import annotations
+
+import itertools
+import os
+import shlex
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["Options", "TimeoutException", "check", "check_elastic", "driver_host", "job_group", "start_timed_out"]
+
+_ids = itertools.count()
+
+
+class TimeoutException(TimeoutError):
+    """Horovod's ``TimeoutException``: the Spark tasks did not start in time."""
+
+
+@dataclass
+class Options:
+    num_proc: int
+    start_timeout: float
+    env: dict[str, str] = field(default_factory=dict)
+    extra_env: dict[str, str] = field(default_factory=dict)  # from extra_mpi_args and nics
+
+
+def job_group(kind: str) -> str:
+    return f"horo.spark.{kind}.{os.getpid()}.{next(_ids)}"
+
+
+def driver_host(sc: Any) -> str:
+    """The address the executors reach the driver at (Spark's own ``spark.driver.host``)."""
+    return sc.getConf().get("spark.driver.host") or "127.0.0.1"
+
+
+def start_timed_out(timeout: float, started: int, wanted: int) -> TimeoutException:
+    return TimeoutException(
+        "Timed out waiting for tasks to start. Please check that you have enough resources to run all horo "
+        "processes. Each horo process runs in a Spark task. You may need to increase the start_timeout parameter "
+        "to a larger value if your Spark resources are allocated on-demand. Timeout after "
+        f"{timeout:g} seconds ({started} of {wanted} tasks started).")
+
+
+def _bad(name: str, value: Any, hint: str, kind: type[Exception] = ValueError) -> Exception:
+    return kind(f"horo.spark: bad {name}. Received: {name}={value!r}. HINT: {hint}")
+
+
+def _mpi_args_env(extra_mpi_args: str) -> dict[str, str]:
+    """``-x NAME=VALUE`` and ``--mca KEY VALUE`` (``-mca``) as the processes' variables (``OMPI_MCA_KEY``):
+    the processes of a joined world are not started by an mpiexec of the user's, so these are what carries over."""
+    items = shlex.split(extra_mpi_args)
+    env: dict[str, str] = {}
+    i = 0
+    while i < len(items):
+        item = items[i]
+        if item == "-x" and i + 1 < len(items) and "=" in items[i + 1]:
+            name, value = items[i + 1].split("=", 1)
+            env[name] = value
+            i += 2
+        elif item in ("--mca", "-mca") and i + 2 < len(items):
+            env[f"OMPI_MCA_{items[i + 1]}"] = items[i + 2]
+            i += 3
+        else:
+            raise _bad("extra_mpi_args", extra_mpi_args, "horo.spark takes '-x NAME=VALUE' and '--mca KEY VALUE' "
+                       f"items (it could not use {item!r}); other settings go in env=")
+    return env
+
+
+def check(fn: Any, args: Any, kwargs: Any, num_proc: Any, start_timeout: Any, extra_mpi_args: Any, env: Any,
+          stdout: Any, stderr: Any, verbose: Any, nics: Any, executable: Any, default_num_proc: int) -> Options:
+    """Every argument checked, before any Spark job starts; Horovod's defaults filled in."""
+    if not callable(fn):
+        raise _bad("fn", fn, "pass the function to run on every process", TypeError)
+    if not isinstance(args, (tuple, list)):
+        raise _bad("args", args, "a tuple of positional arguments, e.g. args=(1,)", TypeError)
+    if kwargs is not None and not isinstance(kwargs, Mapping):
+        raise _bad("kwargs", kwargs, "a dict of keyword arguments", TypeError)
+    if num_proc is None:
+        num_proc = default_num_proc
+    if isinstance(num_proc, bool) or not isinstance(num_proc, int) or num_proc < 1:
+        raise _bad("num_proc", num_proc, "a positive int (default: spark.default.parallelism)")
+    if start_timeout is None:
+        raw = os.environ.get("HOROVOD_SPARK_START_TIMEOUT") or os.environ.get("HORO_SPARK_START_TIMEOUT") or "600"
+        try:
+            start_timeout = float(raw)
+        except ValueError:
+            raise _bad("HOROVOD_SPARK_START_TIMEOUT", raw, "seconds, e.g. 600") from None
+    if isinstance(start_timeout, bool) or not isinstance(start_timeout, (int, float)) or start_timeout <= 0:
+        raise _bad("start_timeout", start_timeout, "seconds > 0 (default 600)")
+    if env is not None and not isinstance(env, Mapping):
+        raise _bad("env", env, "a dict of variables for the processes", TypeError)
+    if extra_mpi_args is not None and not isinstance(extra_mpi_args, str):
+        raise _bad("extra_mpi_args", extra_mpi_args, "a string such as '-x NCCL_DEBUG=INFO'", TypeError)
+    for name, stream in (("stdout", stdout), ("stderr", stderr)):
+        if stream is not None and not callable(getattr(stream, "write", None)):
+            raise _bad(name, stream, "a text stream (an object with write())", TypeError)
+    if isinstance(verbose, bool) or not isinstance(verbose, int):
+        raise _bad("verbose", verbose, "0, 1 or 2", TypeError)
+    if isinstance(nics, str) or (nics is not None and not all(isinstance(n, str) for n in nics)):
+        raise _bad("nics", nics, "a list of interface names, e.g. ['eth0']", TypeError)
+    if executable is not None and not isinstance(executable, str):
+        raise _bad("executable", executable, "the path of a Python interpreter on the executors", TypeError)
+    extra = _mpi_args_env(extra_mpi_args) if extra_mpi_args else {}
+    if nics:
+        extra["OMPI_MCA_btl_tcp_if_include"] = ",".join(sorted(nics))
+    return Options(num_proc=num_proc, start_timeout=float(start_timeout),
+                   env={str(k): str(v) for k, v in (env or {}).items()}, extra_env=extra)
+
+
+def check_elastic(num_proc: int, min_num_proc: Any, max_num_proc: Any, elastic_timeout: Any,
+                  reset_limit: Any) -> tuple[int, int, float]:
+    """(fewest, most processes, elastic timeout) with Horovod's defaults: ``num_proc`` for both bounds,
+    ``HOROVOD_ELASTIC_TIMEOUT`` (or ``HORO_ELASTIC_TIMEOUT``), else 600 s."""
+    low = num_proc if min_num_proc is None else min_num_proc
+    high = num_proc if max_num_proc is None else max_num_proc
+    for name, value in (("min_num_proc", low), ("max_num_proc", high)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise _bad(name, value, "a positive int (default: num_proc)")
+    if not low <= num_proc <= high:
+        raise _bad("num_proc", num_proc, f"min_num_proc <= num_proc <= max_num_proc; here min_num_proc={low}, "
+                   f"max_num_proc={high}")
+    if elastic_timeout is None:
+        raw = os.environ.get("HOROVOD_ELASTIC_TIMEOUT") or os.environ.get("HORO_ELASTIC_TIMEOUT") or "600"
+        try:
+            elastic_timeout = float(raw)
+        except ValueError:
+            raise _bad("HOROVOD_ELASTIC_TIMEOUT", raw, "seconds, e.g. 600") from None
+    if isinstance(elastic_timeout, bool) or not isinstance(elastic_timeout, (int, float)) or elastic_timeout <= 0:
+        raise _bad("elastic_timeout", elastic_timeout, "seconds > 0 (default 600)")
+    if reset_limit is not None and (isinstance(reset_limit, bool) or not isinstance(reset_limit, int)
+                                    or reset_limit < 0):
+        raise _bad("reset_limit", reset_limit, "an int >= 0, or None for no limit")
+    return low, high, float(elastic_timeout)
