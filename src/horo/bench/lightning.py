@@ -41,6 +41,8 @@ def _parse(argv: list[str]) -> argparse.Namespace:
                    help="PASS when horo's throughput >= target x DDP's (paired; 0: no verdict)")
     p.add_argument("--width", type=int, default=1024, help="hidden width of the MLP")
     p.add_argument("--layers", type=int, default=4, help="hidden layers of the MLP")
+    p.add_argument("--batchnorm", action="store_true",
+                   help="BatchNorm1d after each hidden layer of the MLP: buffers for the strategies to broadcast")
     p.add_argument("--batch-size", type=int, default=32, help="samples per rank and step")
     p.add_argument("--steps", type=int, default=24, help="timed optimizer steps per sample")
     p.add_argument("--warmup", type=int, default=4, help="untimed steps at the start of each fit")
@@ -65,14 +67,14 @@ def _lightning() -> Any:
     return pl
 
 
-def _module(model: str, width: int, layers: int) -> Any:
+def _module(model: str, width: int, layers: int, batchnorm: bool = False) -> Any:
     import torch
     import torch.nn.functional as F
 
     class Module(_lightning().LightningModule):
         def __init__(self) -> None:
             super().__init__()
-            self.net = models.make(model, width=width, layers=layers)
+            self.net = models.make(model, width=width, layers=layers, batchnorm=batchnorm)
 
         def training_step(self, batch: Any, batch_idx: int) -> Any:
             x, y = batch
@@ -150,7 +152,7 @@ def main(argv: list[str]) -> int:
     ready = [models.batch(args.model, args.batch_size, image_size=args.image_size, seed=4 * rank + i, device=where)
              for i in range(4)]
     data = [ready[i % 4] for i in range(total_steps)]
-    params = sum(p.numel() for p in _module(args.model, args.width, args.layers).parameters())
+    params = sum(p.numel() for p in _module(args.model, args.width, args.layers, args.batchnorm).parameters())
 
     ddp = "ddp (nccl)" if args.accelerator == "gpu" else "ddp (gloo)"
     chosen = args.variants.split(",")
@@ -171,13 +173,13 @@ def main(argv: list[str]) -> int:
                              use_distributed_sampler=False,  # each rank has its own batches already
                              logger=False, enable_checkpointing=False, enable_progress_bar=False,
                              enable_model_summary=False, callbacks=[clock])
-        trainer.fit(_module(args.model, args.width, args.layers), DataLoader(data, batch_size=None))
+        trainer.fit(_module(args.model, args.width, args.layers, args.batchnorm), DataLoader(data, batch_size=None))
         seconds = clock.t1 - clock.t0
         wait = (clock.wait1 - clock.wait0) / max(clock.steps, 1)
         worst = comm.allreduce(seconds / max(clock.steps, 1), op=MPI.MAX)
         return args.batch_size * world / worst, comm.allreduce(wait, op=MPI.MAX)
 
-    what = f"MLP {args.layers}x{args.width}" if args.model == "mlp" else f"ResNet-50 ({args.image_size}px)"
+    what = f"MLP {args.layers}x{args.width}{' + BatchNorm' if args.batchnorm else ''}" if args.model == "mlp" else f"ResNet-50 ({args.image_size}px)"
     if rank == 0:
         print(f"# Lightning throughput: {what} ({params / 1e6:.1f} M parameters, "
               f"{4 * params / 2**20:.0f} MiB of fp32 gradients), batch {args.batch_size}/rank, "

@@ -11,13 +11,14 @@ __all__ = ["MODELS", "batch", "make"]
 MODELS = ("mlp", "resnet50")
 
 
-def _mlp(width: int, layers: int) -> Any:
+def _mlp(width: int, layers: int, batchnorm: bool = False) -> Any:
     import torch
 
     dims = [256] + [width] * layers
     blocks: list[torch.nn.Module] = []
     for a, b in itertools.pairwise(dims):
-        blocks += [torch.nn.Linear(a, b), torch.nn.ReLU()]
+        # BatchNorm gives the model buffers (running statistics) for a strategy to broadcast, as DDP does
+        blocks += [torch.nn.Linear(a, b), *([torch.nn.BatchNorm1d(b)] if batchnorm else []), torch.nn.ReLU()]
     return torch.nn.Sequential(*blocks, torch.nn.Linear(width, 10))
 
 
@@ -63,13 +64,14 @@ def _own_resnet50(classes: int) -> Any:
     return nn.Sequential(*layers)
 
 
-def make(name: str, *, width: int = 1024, layers: int = 4, classes: int = 10, seed: int = 0) -> Any:
-    """A fresh model (the same weights for the same seed)."""
+def make(name: str, *, width: int = 1024, layers: int = 4, classes: int = 10, seed: int = 0,
+         batchnorm: bool = False) -> Any:
+    """A fresh model (the same weights for the same seed); ``batchnorm``: the MLP normalises each hidden layer."""
     import torch
 
     torch.manual_seed(seed)
     if name == "mlp":
-        return _mlp(width, layers)
+        return _mlp(width, layers, batchnorm)
     if name == "resnet50":
         return _resnet50(classes)
     raise ValueError(f"unknown model. Received: name={name!r}. HINT: one of {', '.join(MODELS)}.")
