@@ -26,8 +26,8 @@ GUIDE = REPO / "docs" / "migrating.md"
 
 #: The facade each Horovod family's names come from, in horo.
 FAMILIES = [("horovod.tensorflow.keras", "horo.keras"), ("horovod.keras", "horo.keras"),
-            ("horovod.tensorflow", "horo.tensorflow"), ("horovod.torch", "horo.torch"), ("horovod.common", "horo"), ("horovod.ray", "horo.ray"),
-            ("horovod.spark", "horo.spark")]
+            ("horovod.tensorflow", "horo.tensorflow"), ("horovod.torch", "horo.torch"), ("horovod.common", "horo"),
+            ("horovod.ray", "horo.ray"), ("horovod.spark", "horo.spark")]
 
 PROBE = r"""
 import importlib, json, sys, types

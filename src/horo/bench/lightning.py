@@ -179,7 +179,8 @@ def main(argv: list[str]) -> int:
         worst = comm.allreduce(seconds / max(clock.steps, 1), op=MPI.MAX)
         return args.batch_size * world / worst, comm.allreduce(wait, op=MPI.MAX)
 
-    what = f"MLP {args.layers}x{args.width}{' + BatchNorm' if args.batchnorm else ''}" if args.model == "mlp" else f"ResNet-50 ({args.image_size}px)"
+    mlp = f"MLP {args.layers}x{args.width}{' + BatchNorm' if args.batchnorm else ''}"
+    what = mlp if args.model == "mlp" else f"ResNet-50 ({args.image_size}px)"
     if rank == 0:
         print(f"# Lightning throughput: {what} ({params / 1e6:.1f} M parameters, "
               f"{4 * params / 2**20:.0f} MiB of fp32 gradients), batch {args.batch_size}/rank, "
