@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -98,6 +100,75 @@ def run_elastic(tmp_path: Path, app: str, hororun_args: list[str], env: dict[str
 
 def _show(job: Job) -> str:
     return f"rc={job.rc}\n{job.out[-6000:]}"
+
+
+def _worlds(out: str) -> list[int]:
+    """The world sizes the example's log lines show, in order, each change once."""
+    sizes = [int(n) for n in re.findall(r"\(world (\d+)\)$", out, flags=re.M)]
+    return [n for i, n in enumerate(sizes) if i == 0 or sizes[i - 1] != n]
+
+
+@needs_ulfm
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("start", [2, 3])
+def test_seed_elastic_example_grows_and_shrinks(tmp_path: Path, start: int) -> None:
+    """examples/elastic_torch.py, seed 004's script, under hororun with host discovery: from 2 workers a third
+    host is discovered (2 -> 3), then that worker is SIGKILLed (3 -> 2); from 3 the kill comes at once. Its
+    DistributedOptimizer's gradients go in several buckets, the first smaller. The survivors end with equal
+    weights."""
+    marker = f"elastic_{uuid.uuid4().hex}"
+    script = tmp_path / f"{marker}.py"
+    shutil.copy(APPS / "seed_example.py", script)
+    out_dir = tmp_path / "out"
+    out_dir.mkdir()
+    hosts = tmp_path / "hosts.txt"
+    hosts.write_text("localhost:2\n" if start == 2 else "localhost:2\n127.0.0.1:1\n")
+    disc = tmp_path / "discover.sh"
+    disc.write_text(f"#!/bin/sh\ncat {hosts}\n")
+    disc.chmod(0o755)
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", ELASTIC_OUT=str(out_dir),
+               SEED_EXAMPLE=str(REPO / "examples" / "elastic_torch.py"),
+               HORO_FIRST_BUCKET_BYTES="4096", HORO_BUCKET_BYTES="65536")
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO / "src"), env.get("PYTHONPATH", "")) if p)
+    cmd = [sys.executable, "-m", "horo.run", "-np", str(start), "--min-np", "2", "--max-np", "3",
+           "--host-discovery-script", str(disc), sys.executable, str(script), "--epochs", "2", "--samples", "1536",
+           "--batch-size", "32", "--log-interval", "1", "--step-sleep", "0.1", "--artifacts-dir", str(tmp_path / "a")]
+    proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, errors="replace", start_new_session=True)
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(iter(proc.stdout.readline, "")), daemon=True)
+    reader.start()
+
+    def wait_for(pattern: str, limit: float) -> None:
+        deadline = time.monotonic() + limit
+        while not re.search(pattern, "".join(lines), flags=re.M):
+            if time.monotonic() > deadline or proc.poll() is not None:
+                _kill_group(proc)
+                pytest.fail(f"no {pattern!r} within {limit} s:\n{''.join(lines)[-6000:]}")
+            time.sleep(0.2)
+
+    try:
+        if start == 2:
+            wait_for(r"\(world 2\)$", 120)
+            hosts.write_text("localhost:2\n127.0.0.1:1\n")
+        wait_for(r"\(world 3\)$", 180)
+        time.sleep(1.0)
+        victims = [int(p.name[4:]) for p in out_dir.glob("pid.*") if p.read_text() == "127.0.0.1"]
+        assert len(victims) == 1, [(p.name, p.read_text()) for p in out_dir.glob("pid.*")]
+        os.kill(victims[0], signal.SIGKILL)
+        proc.wait(timeout=200)
+    except BaseException:
+        _kill_group(proc)
+        raise
+    reader.join(10)
+    out = "".join(lines)
+    assert proc.returncode == 0, out[-6000:]
+    assert _worlds(out) == ([2, 3, 2] if start == 2 else [3, 2]), (_worlds(out), out[-6000:])
+    weights = re.findall(r"^WEIGHTS (\d+) (\d+) (\w+)$", out, flags=re.M)
+    assert sorted((int(r), int(n)) for r, n, _d in weights) == [(0, 2), (1, 2)], out[-6000:]
+    assert len({d for _r, _n, d in weights}) == 1, f"the survivors' weights differ: {weights}"
+    assert "stall" not in out, out[-6000:]
+    assert not _orphans(marker)
 
 
 @needs_ulfm
