@@ -300,8 +300,10 @@ class _CountingCondition:
 def _few_timed_waits(hvd, world, rank, name, make_counting, finish, late_s):
     """Five in-place allreduces named ``name``, the last rank ``late_s`` late each time and each handle passed
     to ``finish(handle, counting)``; ``make_counting(eng)`` wraps the engine's condition to count the waits of
-    interest. Checks the sums, and that in all trials but one (a busy machine may take the core from a rank
-    for longer than a spin) no counted wait happened."""
+    interest. Checks the sums, and that in all trials but one no counted wait happened. A busy machine may
+    take the core from a rank for longer than a spin (a peer that late is waited for by design), so a set of
+    five in which two trials waited is run again, up to three sets; a thread that backs off where it should
+    poll waits in every trial of every set."""
     from horo.core.api.process_sets import global_process_set
 
     eng = global_process_set.engine
@@ -309,22 +311,27 @@ def _few_timed_waits(hvd, world, rank, name, make_counting, finish, late_s):
     hvd.synchronize(hvd.allreduce_async_(x, op=hvd.Sum, name=name))  # cached from now on
     counting = make_counting(eng)
     eng.cv = counting
-    slept = []
+    sets = []
     try:
-        for t in range(5):
-            sync_comm().Barrier()
-            if rank == world - 1:
-                time.sleep(late_s)
-            before, counting.since = counting.waits, None
-            x[...] = rank + t
-            out = finish(hvd.allreduce_async_(x, op=hvd.Sum, name=name), counting)
-            slept.append(counting.waits - before)
-            np.testing.assert_array_equal(out, np.full(x.shape, world * t + world * (world - 1) / 2))
+        for _ in range(3):
+            slept = []
+            for t in range(5):
+                sync_comm().Barrier()
+                if rank == world - 1:
+                    time.sleep(late_s)
+                before, counting.since = counting.waits, None
+                x[...] = rank + t
+                out = finish(hvd.allreduce_async_(x, op=hvd.Sum, name=name), counting)
+                slept.append(counting.waits - before)
+                np.testing.assert_array_equal(out, np.full(x.shape, world * t + world * (world - 1) / 2))
+            sets.append(slept)
+            if all(sync_comm().allgather(sum(s == 0 for s in slept) >= len(slept) - 1)):
+                break
     finally:
         eng.cv = counting.cv
 
     def _check():
-        assert sum(s == 0 for s in slept) >= len(slept) - 1, f"timed waits per trial: {slept}"
+        assert sum(s == 0 for s in sets[-1]) >= len(sets[-1]) - 1, f"timed waits per trial, in each set: {sets}"
 
     agree(_check)
 
