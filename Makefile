@@ -13,7 +13,7 @@ MPICH_VENV  ?= .venv-mpich
 MPICH_STAMP := $(MPICH_VENV)/.horo-installed
 export OMP_NUM_THREADS ?= 1
 
-.PHONY: install test test-slurm test-slow test-all test-core test-mpich demo bench lint docs dist clean
+.PHONY: install test test-slurm test-slow test-slow-ci test-all test-core test-mpich demo bench lint docs dist clean
 
 $(STAMP): pyproject.toml $(CONSTRAINTS)
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -44,6 +44,10 @@ test-slurm: $(STAMP)
 # The cases that take minutes each: the wheel installed into a fresh venv, Adasum's suite at 5 and 6 ranks.
 test-slow: $(STAMP)
 	$(PY) -m pytest -q -p no:cacheprovider -m slow --durations=10 tests
+
+# What CI runs of the slow suite: all but the `long` cases, whose capability a case CI runs covers too.
+test-slow-ci: $(STAMP)
+	$(PY) -m pytest -q -p no:cacheprovider -m "slow and not long" --durations=10 tests
 
 test-all: test test-slurm test-slow
 

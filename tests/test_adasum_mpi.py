@@ -21,7 +21,8 @@ EXAMPLE_TIMEOUT = 300.0
 
 @pytest.mark.mpi
 @pytest.mark.timeout(OUTER_TIMEOUT + 60)
-@pytest.mark.parametrize("n", [4, pytest.param(5, marks=pytest.mark.slow), pytest.param(6, marks=pytest.mark.slow)])
+@pytest.mark.parametrize("n", [4, pytest.param(5, marks=[pytest.mark.slow, pytest.mark.long]),
+                               pytest.param(6, marks=[pytest.mark.slow, pytest.mark.long])])
 def test_adasum_suite_more_ranks(n, tmp_path):
     passed, report = run_mpi_pytest(n, tmp_path / f"np{n}", test_path=MPI_DIR / "test_adasum.py")
     print(report.splitlines()[0])

@@ -16,7 +16,7 @@ pytest.importorskip("keras")
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("backend", ["tensorflow", pytest.param("jax", marks=pytest.mark.slow)])
+@pytest.mark.parametrize("backend", ["tensorflow", pytest.param("jax", marks=[pytest.mark.slow, pytest.mark.long])])
 def test_keras_bench_runs_and_reports_every_variant(tmp_path: Path, backend: str) -> None:
     if importlib.util.find_spec(backend) is None:
         pytest.skip(f"needs {backend}")

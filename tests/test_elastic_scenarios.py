@@ -220,7 +220,8 @@ def test_excluded_host_comes_back_after_its_cooldown(tmp_path: Path) -> None:
 # Keras fit with KerasState and the elastic callbacks, on the TF and torch backends: one host removal (after
 # a growth) and one raising worker. Every worker imports its framework (spawned ones one after another): 45-85 s
 # each here, so `slow`; test_elastic.py's test_keras_fit_survives_a_kill covers KerasState in the default run.
-KERAS_BACKENDS = ["tensorflow", "torch"]
+# CI (make test-slow-ci) runs the TensorFlow backend; the torch backend is `long`.
+KERAS_BACKENDS = ["tensorflow", pytest.param("torch", marks=pytest.mark.long)]
 
 
 @pytest.mark.slow

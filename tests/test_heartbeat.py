@@ -125,6 +125,7 @@ def test_c_code_holding_the_interpreter_lock_is_not_reported(tmp_path: Path) -> 
 
 
 @pytest.mark.slow  # five minutes by design
+@pytest.mark.long  # CI: test_a_long_step_is_not_reported and the GIL-holding case, in make test
 @pytest.mark.timeout(500)
 def test_a_five_minute_step_is_not_reported(tmp_path: Path) -> None:
     rc, out, elapsed = _run(tmp_path, "busy", 300.0, timeout=450)

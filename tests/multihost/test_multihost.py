@@ -463,7 +463,8 @@ def _ranks_on(bed, host: str, script: str) -> list[int]:
 # runs ranks too (hororun started on the first node of an allocation). There prterun says nothing about its
 # local ranks' exit while the cut host's daemon is unreachable (measured: with only prterun's lines, the job
 # never ended, at a 5 s or a 20 s limit): horo's own stall lines must end the job.
-@pytest.mark.parametrize("limit", [5.0, pytest.param(20.0, marks=pytest.mark.slow)], ids=["5s", "20s"])
+@pytest.mark.parametrize("limit", [5.0, pytest.param(20.0, marks=[pytest.mark.slow, pytest.mark.long])],
+                         ids=["5s", "20s"])
 @pytest.mark.parametrize("layout, cut", [("node1:1,node2:1,node3:1", "node3"), ("head:1,node1:1,node2:1", "node2")],
                          ids=["login", "launchers-host"])
 def test_silent_link_cut_ends_the_job(bed, tmp_path, limit, layout, cut):

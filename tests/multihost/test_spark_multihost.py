@@ -158,6 +158,7 @@ def test_run_forms_one_world_across_two_hosts_and_survives_a_raising_rank(cluste
 
 
 @pytest.mark.slow  # torch and Keras start in four processes on a shared 2-core machine: minutes
+@pytest.mark.long  # CI: a world across both hosts in make test; torch and Keras weights on local[4] (test_spark.py)
 def test_torch_and_keras_training_across_two_hosts_end_with_equal_weights(cluster, tmp_path):
     got, text = _driver(cluster, tmp_path, "train")
     train = got["train"]
