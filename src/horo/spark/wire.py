@@ -1,21 +1,20 @@
 """The driver's side of horo.spark's connections: a small server for the Spark tasks and the workers.
 
 Every message is a JSON object signed with the job's secret (``horo.core.transport.signed``); one may carry a
-binary payload (a pickled result or error), whose length and SHA-256 are in the signed part. A task keeps its
-connection for the whole run: it registers, forwards its process's output line by line and reports how the
-function ended; the driver may answer ``stop`` on it at any time.
+binary payload (a pickled result or error) as signed's blob. A task keeps its connection for the whole run:
+it registers, forwards its process's output line by line and reports how the function ended; the driver may
+answer ``stop`` on it at any time.
 """
 
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import socket
 import threading
 from collections.abc import Callable
 from typing import Any
 
-from ..core.transport.signed import encode, recv
+from ..core.transport.signed import BLOB, encode, recv
 
 __all__ = ["Channel", "Server", "connect"]
 
@@ -29,9 +28,7 @@ class Channel:
         self._lock = threading.Lock()
 
     def send(self, msg: dict[str, Any], blob: bytes | None = None) -> None:
-        if blob is not None:
-            msg = {**msg, "blob": len(blob), "sha256": hashlib.sha256(blob).hexdigest()}
-        data = encode(self.secret, msg) + (blob or b"")
+        data = encode(self.secret, msg if blob is None else {**msg, BLOB: blob})
         with self._lock:
             self.sock.sendall(data)
 
@@ -39,27 +36,11 @@ class Channel:
         """(message, payload); (None, None) at the end of the stream or on a message not signed with the secret."""
         try:
             msg = recv(self.sock, self.secret)
-        except (OSError, PermissionError, ValueError):
+        except (OSError, ValueError):
             return None, None
         if not isinstance(msg, dict):
             return None, None
-        size = msg.get("blob")
-        if not isinstance(size, int):
-            return msg, None
-        parts, got = [], 0
-        while got < size:
-            try:
-                chunk = self.sock.recv(min(1 << 20, size - got))
-            except OSError:
-                return None, None
-            if not chunk:
-                return None, None
-            parts.append(chunk)
-            got += len(chunk)
-        blob = b"".join(parts)
-        if hashlib.sha256(blob).hexdigest() != msg.get("sha256"):
-            return None, None
-        return msg, blob
+        return msg, msg.pop(BLOB, None)
 
     def close(self) -> None:
         with contextlib.suppress(OSError):
