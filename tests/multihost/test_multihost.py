@@ -507,6 +507,23 @@ def test_silent_link_cut_ends_the_job(bed, tmp_path, limit, layout, cut):
           f"{ended:.1f} s, rc {rc}")
 
 
+def _resumed_without(out: str, rc: int, out_dir: Path, steps: int, lost: str, world: int) -> tuple[list, int]:
+    """An elastic job of ``world`` workers lost host ``lost`` and ended well: the job started again without it
+    from the last commit, and the two workers left ran every step after it, with equal weights. Returns their
+    results and the first step of the new job."""
+    tail = out.split(f"world now has {world} worker(s)", 1)[1]
+    assert rc == 0, out[-6000:]
+    assert f"host {lost} was lost" in tail and f"from the last committed state, without {lost}" in tail, tail[-3000:]
+    results = [json.loads(p.read_text()) for p in sorted(out_dir.glob("result.*.json"))]
+    assert len(results) == 2, out[-6000:]
+    first = results[0]["steps"][0][0]
+    assert first > 0, "the new job started from step 0: the committed state was lost"
+    for r in results:
+        assert [s[0] for s in r["steps"]] == list(range(first, steps)) and {s[1] for s in r["steps"]} == {2}
+        assert r["weights"] == results[0]["weights"]
+    return results, first
+
+
 def test_elastic_cut_link_goes_on_without_that_host_from_the_last_commit(bed, tmp_path):
     """An elastic job of 3 hosts x 1 worker with a 5 s stall limit; node3's link is cut. The other workers'
     watchdog ends them, hororun takes the host none of whose workers reported (node3) for lost, and starts the
@@ -533,17 +550,9 @@ def test_elastic_cut_link_goes_on_without_that_host_from_the_last_commit(bed, tm
         if proc.poll() is None:  # a failed wait above: end the job before the orphan check
             os.killpg(proc.pid, 9)
             proc.wait()
-    tail = out.split("world now has 3 worker(s)", 1)[1]
-    assert rc == 0, out[-6000:]
-    assert "host node3 was lost" in tail and "from the last committed state, without node3" in tail, tail[-3000:]
-    results = [json.loads(p.read_text()) for p in sorted(out_dir.glob("result.*.json"))]
-    assert len(results) == 2, out[-6000:]
-    first = results[0]["steps"][0][0]
-    assert first > 0, "the new job started from step 0: the committed state was lost"
+    results, first = _resumed_without(out, rc, out_dir, steps, "node3", world=3)
     for r in results:
-        assert [s[0] for s in r["steps"]] == list(range(first, steps)) and {s[1] for s in r["steps"]} == {2}
         assert r["total"] == 3 * first + 2 * (steps - first), (r["total"], first)
-        assert r["weights"] == results[0]["weights"]
     print(f"elastic link cut: restarted {restarted:.1f} s after the cut, from step {first}")
 
 
@@ -818,16 +827,7 @@ def test_elastic_heartbeats_go_on_without_a_silent_host(bed, tmp_path, kind):
         if proc.poll() is None:
             os.killpg(proc.pid, 9)
             proc.wait()
-    tail = out.split("world now has 4 worker(s)", 1)[1]
-    assert rc == 0, out[-6000:]
-    assert "host node2 was lost" in tail and "from the last committed state, without node2" in tail, tail[-3000:]
-    results = [json.loads(p.read_text()) for p in sorted(out_dir.glob("result.*.json"))]
-    assert len(results) == 2, out[-6000:]
-    first = results[0]["steps"][0][0]
-    assert first > 0, "the new job started from step 0: the committed state was lost"
-    for r in results:
-        assert [s[0] for s in r["steps"]] == list(range(first, steps)) and {s[1] for s in r["steps"]} == {2}
-        assert r["weights"] == results[0]["weights"]
+    _, first = _resumed_without(out, rc, out_dir, steps, "node2", world=4)
     assert training < 15, f"training went on {training:.1f} s after the fault:\n{out[-6000:]}"
     print(f"elastic heartbeats, {kind}: restarted {restarted:.1f} s and training {training:.1f} s after the fault, "
           f"from step {first}")
