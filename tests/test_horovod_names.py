@@ -160,8 +160,8 @@ def test_through_the_hook_horovods_paths_are_horos_modules_themselves(probe: dic
 
 
 def test_through_the_hook_what_horo_leaves_out_says_why(probe: dict) -> None:
-    """``from horovod.ray import ElasticRayExecutor``, ``import horovod.mxnet``, ...: one ImportError that names
-    the thing, says it is not provided, and gives horo's reason (what to use)."""
+    """``from horovod.ray import ElasticRayExecutor``, ``import horovod.mxnet``, ...: one line of ImportError that
+    names the thing, says it is not provided and why, and ends with a HINT of what to use."""
     for key, error in probe["shim"]["refusals"].items():
         # A name inside a module horo leaves out (horovod.tensorflow.data.compute_service's) is refused as that
         # module is.
@@ -169,4 +169,4 @@ def test_through_the_hook_what_horo_leaves_out_says_why(probe: dict) -> None:
         why = NAMES.get(named) or PACKAGES[named]
         assert error is not None, f"{key} imported"
         assert error.startswith(f"NotProvidedError: {named} is not provided by horo: "), error
-        assert why in error and "\n" not in error, error
+        assert why in error and "HINT: " in why and "\n" not in error, error

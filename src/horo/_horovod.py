@@ -21,48 +21,52 @@ __all__ = ["HOROVOD_API", "NAMES", "PACKAGES", "NotProvidedError", "install", "n
 #: The Horovod release whose public API horo follows (``horovod.__version__`` under the hook).
 HOROVOD_API = "0.28.1"
 
-_DATA_SERVICE = ("Horovod's tf.data service runs as a service of Horovod's own launcher; horo has none. Shard the "
-                 "input per rank with `horo.tensorflow.shard_dataset`.")
+_DATA_SERVICE = ("Horovod's tf.data service runs as a service of Horovod's own launcher, and horo has none. HINT: "
+                 "shard the input per rank with `horo.tensorflow.shard_dataset`.")
 
-#: Horovod's names (``module.name``) that horo does not provide: why, and what to use instead.
+#: Horovod's names (``module.name``) that horo does not provide: why, then a ``HINT:`` of what to use instead.
 NAMES: dict[str, str] = {
     "horovod.common.exceptions.HorovodVersionMismatchError": (
         "Horovod raises it when its compiled framework extension was built against another framework version "
-        "than the one installed; horo has no compiled extension, so nothing can mismatch."),
+        "than the one installed; horo has no compiled extension, so nothing can mismatch. HINT: drop the "
+        "`except` clause that names it."),
     "horovod.common.elastic.run_fn": (
-        "the building block of Horovod's per-framework elastic `run`, taking a reset function; horo re-forms the "
-        "MPI world itself (ULFM), so use the one decorator `hvd.elastic.run` (`horo.elastic.run`, the same in "
-        "every facade)."),
+        "it builds Horovod's per-framework elastic `run` from a reset function; horo re-forms the MPI world "
+        "itself (ULFM). HINT: decorate the training function with `hvd.elastic.run` (`horo.elastic.run`, the "
+        "same in every facade)."),
     "horovod.ray.BaseHorovodWorker": (
-        "Horovod's worker actor class; horo's workers reach your code through `executable_cls` and "
-        "`RayExecutor.execute`, as in Horovod."),
+        "it is Horovod's worker actor class, and horo's workers are actors of its own. HINT: reach your code "
+        "through `executable_cls` and `RayExecutor.execute`, as in Horovod."),
     "horovod.ray.ElasticRayExecutor": (
-        "elastic training on Ray is `horo.ray.HoroTrainer` with Ray Train's `FailureConfig`: a lost worker "
-        "restarts the group, which resumes from the last reported checkpoint (docs/ray.md)."),
+        "horo offers no elastic executor on Ray. HINT: use `horo.ray.HoroTrainer` with Ray Train's "
+        "`FailureConfig`: a lost worker restarts the group, which resumes from the last reported checkpoint "
+        "(docs/ray.md)."),
     "horovod.tensorflow.data.compute_service.TfDataServiceConfig": _DATA_SERVICE,
     "horovod.tensorflow.data.compute_service.tf_data_service": _DATA_SERVICE,
     "horovod.tensorflow.data.compute_service.send_to_data_service": _DATA_SERVICE,
     "horovod.tensorflow.data.compute_service.compute_worker_fn": _DATA_SERVICE,
 }
 
-_ESTIMATORS = ("Horovod's Spark estimators (`KerasEstimator`, `TorchEstimator`) are not provided: read the "
-               "DataFrame's data inside the function given to `horo.spark.run` and train there (docs/spark.md).")
+_ESTIMATORS = ("Horovod's Spark estimators (`KerasEstimator`, `TorchEstimator`) have no horo counterpart. HINT: "
+               "read the DataFrame's data inside the function given to `horo.spark.run` and train there "
+               "(docs/spark.md).")
 
-#: Horovod's packages and modules that horo does not provide: why, and what to use instead.
+#: Horovod's packages and modules that horo does not provide: why, then a ``HINT:`` of what to use instead.
 PACKAGES: dict[str, str] = {
-    "horovod.mxnet": "Apache MXNet is retired (moved to the Apache Attic in 2023); horo has no MXNet facade.",
+    "horovod.mxnet": ("Apache MXNet is retired (moved to the Apache Attic in 2023), and horo has no MXNet facade. "
+                      "HINT: port the script to PyTorch, TensorFlow, Keras or JAX (docs/migrating.md)."),
     "horovod.runner": (
-        "the launcher is `hororun` (its flags follow `horovodrun`'s); `horovod.run(func, np=...)`, the in-Python "
-        "launcher, has no horo counterpart: launch the script with hororun."),
+        "`horovod.run(func, np=...)`, Horovod's in-Python launcher, has no horo counterpart. HINT: launch the "
+        "script with `hororun`, which takes `horovodrun`'s flags."),
     "horovod.tensorflow.data.compute_service": _DATA_SERVICE,
-    "horovod.tensorflow.data.compute_worker": "the worker script of Horovod's tf.data service. " + _DATA_SERVICE,
+    "horovod.tensorflow.data.compute_worker": "it is the worker script of Horovod's tf.data service. " + _DATA_SERVICE,
     "horovod.spark.keras": _ESTIMATORS,
     "horovod.spark.torch": _ESTIMATORS,
     "horovod.spark.lightning": _ESTIMATORS,
     "horovod.spark.common": _ESTIMATORS,
     "horovod.ray.elastic": NAMES["horovod.ray.ElasticRayExecutor"],
-    "horovod.ray.ray_logger": ("the relay of Horovod's ElasticRayExecutor from rank 0 to the driver's callbacks; "
-                               "with `horo.ray.HoroTrainer`, report metrics with `ray.train.report`."),
+    "horovod.ray.ray_logger": ("it relays Horovod's ElasticRayExecutor's logs from rank 0 to the driver's "
+                               "callbacks. HINT: with `horo.ray.HoroTrainer`, report metrics with `ray.train.report`."),
 }
 
 #: Attributes of Horovod's top-level package and the package of horo that provides each in its place.
