@@ -81,10 +81,12 @@ docs: $(STAMP)
 	$(PY) -m mkdocs build --strict --site-dir site
 
 # The distribution horo-mpi (import name horo): sdist + wheel in dist/, horo_mpi-VERSION.tar.gz and
-# horo_mpi-VERSION-py3-none-any.whl (tests/test_packaging.py installs it by that name into a fresh venv and runs it).
+# horo_mpi-VERSION-py3-none-any.whl (tests/test_packaging.py installs it by that name into a fresh venv and runs it);
+# next to it the opt-in horo-mpi-horovod (compat/horovod: Horovod's import names), horo_mpi_horovod-VERSION-*.whl.
 dist: $(STAMP)
 	rm -rf dist
 	$(PY) -m build --outdir dist .
+	$(PY) -m build --outdir dist compat/horovod
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check src tests examples tools

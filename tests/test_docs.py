@@ -37,7 +37,7 @@ FORBIDDEN: dict[str, re.Pattern[str]] = {
     "a notes file of the development machines": re.compile(r"\bmeasured\.md\b"),
 }
 
-SCANNED_DIRS = ("docs", "src/horo", "tests", "examples", "tools")
+SCANNED_DIRS = ("docs", "src/horo", "tests", "examples", "tools", "compat")
 SCANNED_FILES = ("README.md", "CHANGELOG.md", "Makefile", "pyproject.toml", "constraints.txt", "mkdocs.yml",
                  "MANIFEST.in", ".ci/run")
 SKIPPED_PARTS = {"__pycache__", ".venv", ".venv-mpich", "site", "dist", "build"}

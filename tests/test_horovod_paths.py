@@ -5,21 +5,29 @@
 * ``init(comm=...)`` on a communicator the script made after starting MPI itself;
 * an elastic torch script that catches ``HorovodInternalError`` from ``horo.common.exceptions`` (Horovod's
   ``horovod.common.exceptions``) and in which only the import lines name horo, through hororun with a
-  SIGKILLed rank.
+  SIGKILLed rank;
+* a script in the shape of Horovod's synthetic benchmarks that names Horovod only (``import horovod.torch as
+  hvd``), through the opt-in import hook from its source folder on PYTHONPATH (``compat/horovod``, the
+  package of ``horo-mpi-horovod``), at 2 ranks under hororun.
 """
 
 from __future__ import annotations
 
+import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 from test_elastic import APPS, _show, needs_ulfm, run_elastic
 from test_mpi_jobs import run_job
+from test_mpi_suites import REPO, _kill_group
 
 pytestmark = pytest.mark.mpi
 
 SCRIPTS = Path(__file__).resolve().parent / "horovod_scripts"
+SHIM = REPO / "compat" / "horovod"
 
 
 @pytest.mark.parametrize("facade", ["horo", pytest.param("horo.tensorflow", marks=pytest.mark.slow)])
@@ -83,3 +91,25 @@ def test_elastic_script_catching_horovod_internal_error(tmp_path: Path) -> None:
     assert only["resets"] == 1
     assert [b for b, _ in only["batches"]] == list(range(8)), only["batches"]
     assert [s for _, s in only["batches"]] == [2, 2, 2, 1, 1, 1, 1, 1], only["batches"]
+
+
+@pytest.mark.timeout(150)
+def test_a_script_naming_horovod_only_runs_through_the_import_hook(tmp_path: Path) -> None:
+    """``import horovod.torch as hvd`` and Horovod's other paths, unchanged, at 2 ranks: fp16 compression and
+    Adasum in DistributedOptimizer, the replicas equal at the end."""
+    pytest.importorskip("torch")
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(SHIM), str(REPO / "src"), env.get("PYTHONPATH", "")) if p)
+    cmd = [sys.executable, "-m", "horo.run", "-np", "2", sys.executable, str(SCRIPTS / "synthetic_torch.py"),
+           "--fp16-allreduce", "--use-adasum"]
+    proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            errors="replace", start_new_session=True)
+    try:
+        out, _ = proc.communicate(timeout=120)
+    except subprocess.TimeoutExpired:
+        _kill_group(proc)
+        out, _ = proc.communicate()
+        pytest.fail(f"the job ran past 120 s and was killed:\n{out[-6000:]}")
+    assert proc.returncode == 0, out[-6000:]
+    assert "HOROVOD SCRIPT OK on 2 ranks (horovod 0.28.1)" in out, out[-6000:]
+    assert re.search(r"Iter #1: \d", out), out[-6000:]

@@ -4,8 +4,9 @@
   the layers api > scheduling > transport > base import only downward, counting imports inside functions,
   and the core imports neither a facade of horo nor a deep-learning framework (docs/design-engine.md).
 * ``tools/import_graph.py`` finds no cycle in ``src/horo``'s import graph, with or without the imports inside
-  functions, and no function-level import of a horo module except the commented lazy ones of modules that
-  load a heavy optional dependency.
+  functions (a module that reads names back from its own package is in a circle with it), and no
+  function-level import of a horo module except the commented lazy ones of modules that load a heavy optional
+  dependency.
 """
 
 from __future__ import annotations
@@ -70,3 +71,21 @@ def test_the_script_prints_the_graph() -> None:
     assert "horo.core.api.collectives -> " in res.stdout
     assert "no cycle (all imports" in res.stdout and "no cycle (module-level imports)" in res.stdout, res.stdout
     assert res.returncode == 0, res.stdout[-4000:]
+
+
+def test_a_module_reading_its_package_back_is_a_cycle(tmp_path: Path) -> None:
+    """``from . import Name`` in a module its package imports is a circle (counted inside a function too);
+    ``from . import submodule`` is an edge to the submodule alone."""
+    pkg = tmp_path / "horo" / "facade"
+    pkg.mkdir(parents=True)
+    (tmp_path / "horo" / "__init__.py").write_text("")
+    (pkg / "__init__.py").write_text("from .ops import op\nfrom . import names, lazy, plain\nValue = 1\n")
+    (pkg / "ops.py").write_text("def op():\n    pass\n")
+    (pkg / "names.py").write_text("from . import Value\n")
+    (pkg / "lazy.py").write_text("def f():\n    from .. import facade  # lazy: reads the package on first use\n")
+    (pkg / "plain.py").write_text("from . import ops\n")
+    every = import_graph.graph(tmp_path)
+    assert every["horo.facade.plain"] == {"horo.facade.ops"}
+    assert import_graph.cycles(every) == [["horo.facade", "horo.facade.lazy", "horo.facade.names"]]
+    assert import_graph.cycles(import_graph.graph(tmp_path, module_level=True)) == [["horo.facade",
+                                                                                      "horo.facade.names"]]

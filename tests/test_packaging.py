@@ -5,7 +5,9 @@ The distribution is ``horo-mpi`` (the import name is ``horo``; ``horo`` on the p
 The wheel test builds the sdist and the wheel (``python -m build``), installs the distribution by its name with
 the ``lightning`` extra into a new venv (``pip install --find-links DIST 'horo-mpi[lightning]==VERSION'``, with
 constraints.txt, so torch stays this machine's CPU build), and runs examples/lightning_fit.py on 2 ranks through
-the venv's own ``hororun``.
+the venv's own ``hororun``. Then the opt-in ``horo-mpi-horovod`` (``compat/horovod``, built as ``make dist`` does):
+before it nothing named ``horovod`` imports; after it, ``horovod.torch`` is ``horo.torch``, and a script that
+names Horovod only runs on 2 ranks.
 """
 
 from __future__ import annotations
@@ -39,6 +41,8 @@ def _name(req: str) -> str:
 
 DIST = PYPROJECT["project"]["name"]
 WHEEL_STEM = DIST.replace("-", "_")  # a wheel's and an sdist's file names normalise the name (PEP 427, PEP 625)
+SHIM_DIR = REPO / "compat" / "horovod"
+SHIM = tomllib.loads((SHIM_DIR / "pyproject.toml").read_text())["project"]
 
 
 def test_distribution_name() -> None:
@@ -71,6 +75,16 @@ def test_extras_state_ranges_and_constraints_pin() -> None:
     assert "-c $(CONSTRAINTS)" in (REPO / "Makefile").read_text()
 
 
+def test_the_horovod_names_distribution_follows_horo_mpi() -> None:
+    """horo-mpi-horovod has horo-mpi's version and requires exactly that horo-mpi; it holds the package horovod
+    only, which horo-mpi does not."""
+    version = PYPROJECT["project"]["version"]
+    assert SHIM["name"] == "horo-mpi-horovod" and SHIM["version"] == version
+    assert SHIM["dependencies"] == [f"{DIST}=={version}"]
+    assert sorted(p.name for p in SHIM_DIR.iterdir() if (p / "__init__.py").is_file()) == ["horovod"]
+    assert not (REPO / "src" / "horovod").exists()
+
+
 def _run(cmd: list[str], timeout: float, **kw: object) -> subprocess.CompletedProcess[str]:
     """Run ``cmd`` in its own process group; the whole group is killed on timeout and afterwards."""
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace",
@@ -99,6 +113,8 @@ def test_wheel_in_fresh_venv_runs_lightning_example(tmp_path: Path) -> None:
     dist = tmp_path / "dist"
     res = _run([sys.executable, "-m", "build", "--outdir", str(dist), str(REPO)], 300, env=env)
     assert res.returncode == 0, res.stdout[-6000:]
+    res = _run([sys.executable, "-m", "build", "--outdir", str(dist), str(SHIM_DIR)], 300, env=env)  # as make dist
+    assert res.returncode == 0, res.stdout[-6000:]
     version = PYPROJECT["project"]["version"]
     wheel, sdist = dist / f"{WHEEL_STEM}-{version}-py3-none-any.whl", dist / f"{WHEEL_STEM}-{version}.tar.gz"
     assert wheel.is_file() and sdist.is_file(), sorted(p.name for p in dist.iterdir())
@@ -107,8 +123,11 @@ def test_wheel_in_fresh_venv_runs_lightning_example(tmp_path: Path) -> None:
     for part in ("constraints.txt", "tests/mpi/test_allreduce.py", "examples/lightning_fit.py",
                  "src/horo/tensorflow/wait_kernel.cc"):
         assert f"{WHEEL_STEM}-{version}/{part}" in names, part
-    with zipfile.ZipFile(wheel) as whl:  # the TF kernel's source, compiled on first use
+    with zipfile.ZipFile(wheel) as whl:  # the TF kernel's source, compiled on first use; no package horovod
         assert "horo/tensorflow/wait_kernel.cc" in whl.namelist()
+        assert not any(n.startswith("horovod/") for n in whl.namelist())
+    with zipfile.ZipFile(dist / f"horo_mpi_horovod-{version}-py3-none-any.whl") as whl:
+        assert {n for n in whl.namelist() if not n.startswith("horo_mpi_horovod-")} == {"horovod/__init__.py"}
 
     venv = tmp_path / "venv"
     try:
@@ -140,6 +159,22 @@ def _install_and_run(venv: Path, dist: Path, version: str, env: dict[str, str], 
     assert res.returncode == 0, res.stdout[-6000:]
     sums = dict(re.findall(r"rank (\d)/2: weights checksum (\S+)", res.stdout))
     assert set(sums) == {"0", "1"} and sums["0"] == sums["1"], res.stdout[-6000:]
+
+    # Horovod's import names: nothing named horovod until the opt-in distribution is installed.
+    res = _run([py, "-c", "import horovod"], 120, env=env, cwd=tmp_path)
+    assert res.returncode != 0 and "No module named 'horovod'" in res.stdout, res.stdout[-3000:]
+    res = _run([py, "-m", "pip", "install", "--disable-pip-version-check", "-q", "-c", str(REPO / "constraints.txt"),
+                "--find-links", str(dist), f"horo-mpi-horovod=={version}"], 600, env=env)
+    assert res.returncode == 0, res.stdout[-6000:]
+    probe = ("import horovod, horovod.torch as hvd, horovod.torch.elastic, horo.torch, horo.torch.elastic; "
+             "from horovod.common.exceptions import HorovodInternalError; import horo; "
+             "assert hvd is horo.torch and horovod.torch.elastic is horo.torch.elastic; "
+             "assert HorovodInternalError is horo.HorovodInternalError; print('PROBE', horovod.__file__)")
+    res = _run([py, "-c", probe], 120, env=env, cwd=tmp_path)
+    assert res.returncode == 0 and f"PROBE {venv}" in res.stdout, res.stdout[-3000:]
+    script = REPO / "tests" / "horovod_scripts" / "synthetic_torch.py"
+    res = _run([str(venv / "bin" / "hororun"), "-np", "2", py, str(script)], 300, env=env, cwd=tmp_path)
+    assert res.returncode == 0 and "HOROVOD SCRIPT OK on 2 ranks" in res.stdout, res.stdout[-6000:]
 
 
 @pytest.mark.parametrize("module,backend", [("horo.keras", "tensorflow"), ("horo.keras", "torch"),

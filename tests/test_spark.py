@@ -218,6 +218,36 @@ def test_bad_arguments_raise_before_anything_runs(spark):
     assert spark.sparkContext.statusTracker().getActiveJobsIds() == []
 
 
+def test_a_python3_on_path_without_horo_is_replaced_before_the_job_on_a_local_master(spark, tmp_path, monkeypatch,
+                                                                                     caplog):
+    """Spark starts its workers as ``python3`` from PATH when PYSPARK_PYTHON is unset: one that cannot import horo
+    (here the system's Python, which lacks numpy) is seen before any job, and the driver's Python runs them."""
+    import horo.spark
+
+    system = Path("/usr/bin/python3")
+    if not system.is_file() or subprocess.run([str(system), "-c", "import numpy"], capture_output=True).returncode == 0:
+        pytest.skip("needs a system python3 without numpy (one that cannot import horo)")
+    (tmp_path / "python3").symlink_to(system)
+    sc = spark.sparkContext
+    monkeypatch.delenv("PYSPARK_PYTHON")
+    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setattr(sc, "pythonExec", "python3")  # what a session made without PYSPARK_PYTHON has
+    results = horo.spark.run(fns.world, args=("first run",), num_proc=2, env=_env())
+    assert [r["rank"] for r in results] == [0, 1]
+    assert sc.pythonExec == os.environ["PYSPARK_PYTHON"] == sys.executable
+    assert "cannot import horo" in caplog.text and "PYSPARK_PYTHON" in caplog.text, caplog.text
+
+
+def test_a_cluster_master_without_pyspark_python_is_refused_naming_the_settings():
+    from horo.spark.settings import workers_python
+
+    with pytest.raises(ValueError, match="Received: master='spark://head:7077'.*HINT: set PYSPARK_PYTHON"):
+        workers_python("spark://head:7077", None, None, "python3")
+    assert workers_python("spark://head:7077", "/opt/venv/bin/python", None, "/opt/venv/bin/python") is None
+    assert workers_python("yarn", None, "/opt/venv/bin/python", "python3") is None
+    assert workers_python("local[2]", None, None, sys.executable) is None
+
+
 def test_rank_order_keeps_each_hosts_ranks_together():
     from horo.spark.task import rank_order
 

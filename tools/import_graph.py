@@ -2,8 +2,8 @@
 
 Reads the source only (``ast``): nothing is imported. Every ``import`` of a ``horo`` module is an edge: at module
 level, inside a function, or under ``if TYPE_CHECKING:``; ``--module-level`` counts only the ones that run when
-the module is imported. A package's ``__init__`` is a module of its own, and ``from .pkg import name`` depends
-on ``pkg/__init__.py`` (and on ``pkg/name.py`` when that is a module).
+the module is imported. A package's ``__init__`` is a module of its own; ``from .pkg import name`` depends on
+``pkg/__init__.py`` when ``name`` is defined there, on ``pkg/name.py`` when that is a module.
 
 The rule checked besides: a horo module is imported at module level, never inside a function, except one that
 loads a heavy optional dependency (a framework, CuPy, matplotlib, scikit-learn) when imported, and then with a
@@ -103,13 +103,12 @@ def targets(node: ast.Import | ast.ImportFrom, me: str, package: bool, modules: 
         source = node.module or ""
     if source.split(".")[0] != "horo":
         return out
-    hit = _resolve(source, modules)
-    if hit:
-        out.add(hit)
-    for alias in node.names:
-        sub = f"{source}.{alias.name}"
-        if sub in modules:
-            out.add(sub)
+    subs = {f"{source}.{alias.name}" for alias in node.names} & modules
+    out |= subs
+    if len(subs) < len(node.names):  # a name read from the module itself, not only its submodules
+        hit = _resolve(source, modules)
+        if hit:
+            out.add(hit)
     return out
 
 
@@ -134,9 +133,10 @@ def _ancestors(name: str) -> set[str]:
 def cycles(edges: dict[str, set[str]]) -> list[list[str]]:
     """Strongly connected components of more than one module (Tarjan), each sorted.
 
-    An edge from a module to a package it sits in (``horo.core.x`` -> ``horo.core``) is not counted: Python
-    has already imported every enclosing package before the module runs, so such an import cannot start a
-    circle; the reverse edges (a package importing its own modules) are the ordinary ones.
+    A module that reads names from a package it sits in (``from . import Compression`` in ``horo.x.y``) while
+    that package imports it is a circle like any other: it sees the package half made, and works only as long
+    as the package happens to define the name first. ``from . import y`` names a submodule, an edge to it alone
+    (:func:`targets`).
     """
     index: dict[str, int] = {}
     low: dict[str, int] = {}
@@ -145,15 +145,12 @@ def cycles(edges: dict[str, set[str]]) -> list[list[str]]:
     out: list[list[str]] = []
     counter = [0]
 
-    def succ(v: str) -> set[str]:
-        return edges[v] - _ancestors(v)
-
     def strong(v: str) -> None:
         index[v] = low[v] = counter[0]
         counter[0] += 1
         stack.append(v)
         on.add(v)
-        for w in sorted(succ(v)):
+        for w in sorted(edges[v]):
             if w not in index:
                 strong(w)
                 low[v] = min(low[v], low[w])

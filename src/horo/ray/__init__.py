@@ -19,6 +19,7 @@ except ModuleNotFoundError as _exc:  # pragma: no cover - depends on the environ
         f"horo.ray needs Ray, which is not installed. Received: import ray failed ({_exc}). "
         "HINT: pip install 'horo-mpi[ray]'.") from _exc
 
+from .._horovod import not_provided
 from .runner import RayExecutor, Settings, WorkerDiedError
 
 if TYPE_CHECKING:
@@ -33,4 +34,7 @@ def __getattr__(name: str) -> Any:
         from . import train  # lazy: Ray Train (pandas, pyarrow) only for the trainer, not in every executor worker
 
         return getattr(train, name)
+    refused = not_provided(__name__, name)  # Horovod's ElasticRayExecutor, ...: why, and what to use
+    if refused is not None:
+        raise refused
     raise AttributeError(f"module 'horo.ray' has no attribute {name!r}")

@@ -213,6 +213,7 @@ def run_elastic(fn: Callable[..., Any], args: tuple = (), kwargs: Mapping[str, A
                            default_num_proc=sc.defaultParallelism)
     low, high, timeout = _settings.check_elastic(opts.num_proc, min_num_proc, max_num_proc, elastic_timeout,
                                                  reset_limit)
+    _settings.worker_python(sc)
     if verbose >= 1:
         log.info("Running %d processes (%d to %d)...", opts.num_proc, low, high)
     secret = secrets.token_hex(32)

@@ -168,6 +168,7 @@ def run(fn: Callable[..., Any], args: tuple = (), kwargs: Mapping[str, Any] | No
                            "session (SparkSession.builder...getOrCreate()).")
     opts = _settings.check(fn, args, kwargs, num_proc, start_timeout, extra_mpi_args, env, stdout, stderr, verbose,
                            nics, executable, default_num_proc=sc.defaultParallelism)
+    _settings.worker_python(sc)
     if verbose >= 1:
         how = " (inferred from spark.default.parallelism)" if num_proc is None else ""
         log.info("Running %d processes%s...", opts.num_proc, how)

@@ -3,15 +3,22 @@
 from __future__ import annotations
 
 import itertools
+import logging
 import os
 import shlex
+import subprocess
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["Options", "TimeoutException", "check", "check_elastic", "driver_host", "job_group", "start_timed_out"]
+__all__ = ["Options", "TimeoutException", "check", "check_elastic", "driver_host", "job_group", "start_timed_out",
+           "worker_python", "workers_python"]
 
 _ids = itertools.count()
+log = logging.getLogger("horo.spark")
+#: Pythons seen to import horo and pyspark, with the PATH and PYTHONPATH they were tried with.
+_fit: set[tuple[str, str, str]] = set()
 
 
 class TimeoutException(TimeoutError):
@@ -133,3 +140,51 @@ def check_elastic(num_proc: int, min_num_proc: Any, max_num_proc: Any, elastic_t
                                     or reset_limit < 0):
         raise _bad("reset_limit", reset_limit, "an int >= 0, or None for no limit")
     return low, high, float(elastic_timeout)
+
+
+def _imports_horo(python: str) -> bool:
+    """Whether ``python`` (a path, or a name found on PATH as Spark finds it) imports horo and PySpark."""
+    key = (python, os.environ.get("PATH", ""), os.environ.get("PYTHONPATH", ""))
+    if key in _fit:
+        return True
+    code = "import importlib.util as u, horo; raise SystemExit(u.find_spec('pyspark') is None)"
+    try:
+        ok = subprocess.run([python, "-c", code], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, timeout=60, check=False).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        ok = False
+    if ok:
+        _fit.add(key)
+    return ok
+
+
+def workers_python(master: str, env_python: str | None, conf_python: str | None, python: str) -> str | None:
+    """The Python Spark's workers should run instead of ``python`` (what Spark would start), or None to leave it.
+
+    Spark starts its Python workers as ``PYSPARK_PYTHON`` (or ``spark.pyspark.python``), else ``python3`` from
+    PATH, which outside an activated virtualenv is not the driver's and cannot import horo: the job would fail
+    deep in a Java stack trace. A local master's workers run here, so the driver's own Python serves; a
+    cluster's workers run elsewhere, so the choice is the user's (a ``ValueError`` naming the settings).
+    """
+    if env_python or conf_python:
+        return None
+    if master.startswith("local"):
+        return None if _imports_horo(python) else sys.executable
+    raise ValueError(
+        f"horo.spark: Spark would start its Python workers as {python!r} (neither PYSPARK_PYTHON nor "
+        f"spark.pyspark.python is set), which need not be a Python with horo. Received: master={master!r}, "
+        "PYSPARK_PYTHON=None, spark.pyspark.python=None. HINT: set PYSPARK_PYTHON (before the SparkSession is "
+        "made) or spark.pyspark.python to the executors' Python that has horo-mpi and pyspark installed, e.g. "
+        "the virtualenv's bin/python.")
+
+
+def worker_python(sc: Any) -> None:
+    """Check, before any Spark job, that Spark's Python workers can import horo (:func:`workers_python`); on a
+    local master, run them with the driver's Python for this session where they could not."""
+    python = workers_python(sc.master, os.environ.get("PYSPARK_PYTHON"), sc.getConf().get("spark.pyspark.python"),
+                            sc.pythonExec or "python3")
+    if python is not None:
+        log.warning("horo.spark: Spark's Python workers (%r, found on PATH) cannot import horo; they run as %s "
+                    "(PYSPARK_PYTHON) in this session. Set PYSPARK_PYTHON to choose.", sc.pythonExec, python)
+        os.environ["PYSPARK_PYTHON"] = python
+        sc.pythonExec = python  # what each Spark job's Python function carries: the workers it starts run it

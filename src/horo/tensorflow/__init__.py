@@ -21,8 +21,9 @@ from ..core import (
     barrier,
     broadcast_object,
 )
-from ..plugins import keras2 as _keras2
-from . import elastic
+
+# Horovod's submodules are attributes of the package, as in Horovod.
+from . import compression, elastic, functions, mpi_ops, sync_batch_norm, util  # noqa: F401
 from .collectives import (
     allgather,
     allreduce,
@@ -76,16 +77,9 @@ __all__ = [
 
 import_tf()  # fail at import, naming the packages to install, rather than at the first collective
 
-# Horovod's submodules, attributes of the package as in Horovod (they read the names defined above).
-from . import compression, functions, mpi_ops, sync_batch_norm, util  # noqa: E402, F401, I001
-
 
 def __getattr__(name: str) -> Any:
     # A Keras layer: importing Keras costs seconds, so only a script that uses it pays.
     if name == "SyncBatchNormalization":
-        # The layer is tf.keras's: Keras 2's under TF_USE_LEGACY_KERAS=1.
-        from .batch_norm import SyncBatchNormalization, keras2_layer  # lazy: imports Keras
-
-        tf_keras = _keras2.module() if _keras2.requested() else None
-        return keras2_layer(tf_keras) if tf_keras is not None else SyncBatchNormalization
+        return sync_batch_norm.layer()
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -4,7 +4,7 @@ compressor classes, those of ``horo.tensorflow.Compression``."""
 from __future__ import annotations
 
 from ..core.api.compression import Compressor
-from . import Compression
+from .compressors import Compression
 
 NoneCompressor = Compression.none
 FP16Compressor = Compression.fp16

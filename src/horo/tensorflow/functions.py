@@ -1,12 +1,11 @@
 """Horovod's ``horovod.tensorflow.functions``: ``broadcast_variables``, ``broadcast_object``,
-``allgather_object`` (and ``broadcast_object_fn`` where the facade has it), each the very object
-``horo.tensorflow`` exports."""
+``broadcast_object_fn`` and ``allgather_object``, each the very object ``horo.tensorflow`` exports (both import
+them from where they are defined)."""
 
 from __future__ import annotations
 
-from .. import tensorflow as _facade
+from ..core import allgather_object, broadcast_object
+from .collectives import broadcast_variables
+from .runtime_ops import broadcast_object_fn
 
-_NAMES = ("broadcast_variables", "broadcast_object", "allgather_object", "broadcast_object_fn")
-globals().update({name: getattr(_facade, name) for name in _NAMES if hasattr(_facade, name)})
-
-__all__ = [name for name in _NAMES if name in globals()]
+__all__ = ["broadcast_variables", "broadcast_object", "broadcast_object_fn", "allgather_object"]
