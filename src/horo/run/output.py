@@ -81,7 +81,7 @@ class Output:
                 self._file(job, rank, stream).write(body)
         text = line if self.keep_tags else body
         if self.timestamp:
-            text = f"[{time.asctime()}]".encode() + text
+            text = f"[{time.asctime()}] ".encode() + text
         _write(console, text)
 
     def _file(self, job: int, rank: int, stream: str) -> IO[bytes]:
