@@ -98,7 +98,7 @@ def _given(setting: Setting, ns: argparse.Namespace, eff: Effective, autotune: b
         form = ns.given[setting.name]
         source = form if setting.consts or setting.kind == "switch" else f"{form} {_shown(value)}"
     else:
-        form = source = f"config file: {ns.from_config[setting.name]}: {_shown(value)}"
+        form = source = f"config file {ns.config_file}: {ns.from_config[setting.name]}: {_shown(value)}"
     if setting.kind == "choice" and setting.choices and text not in setting.choices:
         raise UsageError(f"{form} takes {', '.join(setting.choices)}. Received: {form}={value!r}. "
                          f"HINT: e.g. {form} {setting.choices[-1]}.")
@@ -115,7 +115,10 @@ def _given(setting: Setting, ns: argparse.Namespace, eff: Effective, autotune: b
 
 
 def _shown(value: Any) -> str:
-    return " ".join(map(str, value)) if isinstance(value, (list, tuple)) else str(value)
+    """A flag's value as the user wrote it (numbers without a needless ``.0``)."""
+    if isinstance(value, (list, tuple)):
+        return " ".join(map(_shown, value))
+    return f"{value:g}" if isinstance(value, float) else str(value)
 
 
 def resolve(ns: argparse.Namespace, environ: Mapping[str, str] | None = None) -> Effective:

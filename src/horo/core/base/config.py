@@ -157,7 +157,7 @@ def _alias_value(name: str, value: str, target: str, environ: Mapping[str, str])
     if setting is None or setting.kind != "bool":
         return value
     read = str(int(horovod_int(value) != 0))
-    if value.strip() not in ("0", "1", read):
+    if not value.strip().lstrip("+-").isdigit():
         warn_once(name, f"{name}={value!r} is read as {read}, as Horovod reads it (an integer is expected). "
                   f"HINT: {name}=1 turns it on, {name}=0 off.", environ)
     return read

@@ -14,14 +14,14 @@ __all__ = ["GROUPS", "KINDS", "TOPICS", "Setting", "horovod_int"]
 GROUPS: dict[str, str] = {
     "general": "general",
     "ssh": "SSH",
-    "params": "tuneable parameters",
+    "params": "tuneable parameter",
     "autotune": "autotune",
     "elastic": "elastic",
     "timeline": "timeline",
     "stall_check": "stall check",
-    "library": "library options",
+    "library": "library",
     "logging": "logging",
-    "hosts": "hosts",
+    "hosts": "host",
     "controller": "controller",
     "variables": "variables only",
     "rank": "set for each rank",
@@ -86,8 +86,9 @@ class Setting:
     def honoured(self, value: str) -> bool:
         """Whether horo honours ``value`` (the variable's text) for this setting."""
         if self.fixed is not None:
-            return value.strip().upper() == self.fixed.upper() or (
-                self.kind == "bool" and horovod_int(value) == int(self.fixed))
+            if self.kind == "bool":  # on or off, as Horovod reads it: any non-zero integer is on
+                return (horovod_int(value) != 0) == (self.fixed != "0")
+            return value.strip().upper() == self.fixed.upper()
         return not self.why
 
 

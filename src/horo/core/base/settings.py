@@ -20,12 +20,16 @@ _B = "bool"
 #: agreed at init()), a Horovod variable of the same meaning, and, where Horovod has them, flags and a key.
 _TUNING: tuple[Setting, ...] = (
     # --- tuneable parameters
+    # Bytes: on host memory the copies cost more than fusion saves above ~1 MiB (docs/design-engine.md has the
+    # measurements), so horo's default is far below Horovod's 128 MiB.
     Setting("fusion_threshold_mb", "params", "tensors smaller than this are packed together (engine, grouped "
-            "ops); Horovod's default is 128 MiB, horo's smaller, as host-memory copies cost more than fusion "
-            "saves above ~1 MiB (docs/design-engine.md)",
+            "ops); Horovod's default is 128 MiB, horo's smaller: see [the engine's design](design-engine.md)",
             var="HORO_FUSION_THRESHOLD", horovod="HOROVOD_FUSION_THRESHOLD", flags=("--fusion-threshold-mb",),
             key="params.fusion_threshold_mb", kind="int", unit="MB", default="1048576", reader="the engine",
             agreed=True, topic="engine", metavar="MB"),
+    # A parked rank wakes at once on its own submission, which any pending op needs anyway, so a long tick
+    # costs no latency; it only sets how often idle ranks report to the stall inspector, and keeps idle CPU
+    # near zero.
     Setting("cycle_time_ms", "params", "ms between engine rounds while a rank has nothing pending (a rank "
             "wakes at once on its own submission, so a longer tick costs no latency); at least 10 across hosts",
             var="HORO_CYCLE_TIME", horovod="HOROVOD_CYCLE_TIME", flags=("--cycle-time-ms",),
@@ -99,6 +103,8 @@ _TUNING: tuple[Setting, ...] = (
             horovod="HOROVOD_STALL_CHECK_TIME_SECONDS", flags=("--stall-check-warning-time-seconds",),
             key="stall_check.warning_time_seconds", kind="float", default="60", reader="the engine", agreed=True,
             topic="failures", metavar="SEC"),
+    # 0 (Horovod's default): a legitimately long wait (one rank evaluating while the others wait in an
+    # allreduce) must not kill a job unless the user set a limit.
     Setting("stall_check_shutdown_time_seconds", "stall_check", "raise `StallError` on every rank after this "
             "long; a rank blocked this long inside one MPI call exits 1 with an error naming the call (0: off)",
             var="HORO_STALL_SHUTDOWN_TIME_SECONDS", horovod="HOROVOD_STALL_SHUTDOWN_TIME_SECONDS",

@@ -12,16 +12,19 @@ _GLOO = "horo runs on MPI, not Gloo"
 _SPARK = "set by Horovod's Spark runner for its own tasks; horo.spark starts its tasks itself"
 
 _HORO: tuple[Setting, ...] = (
-    Setting("chunk_bytes", _V, "bytes per MPI call for allreduces larger than 8x this: cache-sized pieces ran "
-            "~4x faster than one 64 MiB call, a single call stays faster up to a few MiB", var="HORO_CHUNK_BYTES",
+    # Cache-sized pieces ran ~4x faster than one 64 MiB call here, while a single call stays faster up to a few
+    # MiB (docs/design-engine.md).
+    Setting("chunk_bytes", _V, "bytes per MPI call for allreduces larger than 8x this", var="HORO_CHUNK_BYTES",
             kind="int", default="1048576", note="16 MiB across hosts", reader="the MPI transport", agreed=True,
             topic="engine"),
+    # horo's ring (ring.py) was the faster from here (docs/design-engine.md).
     Setting("ring_min_bytes", _V, "out-of-place allreduces from this size go round horo's own ring instead of "
             "MPI's out-of-place `Allreduce`, which copies first; 0: never", var="HORO_RING_MIN_BYTES", kind="int",
             default="262144", note="0 across hosts", reader="the MPI transport", agreed=True, topic="engine"),
     Setting("adasum_blas", _V, "1: Adasum's arithmetic through the BLAS inside numpy's wheel (faster; see "
             "[Adasum](adasum.md))", var="HORO_ADASUM_BLAS", kind="bool", default="0", reader="Adasum",
             topic="engine"),
+    # Heartbeats run in a process of each rank's own, so a long step never trips it.
     Setting("heartbeat_timeout", _V, "a peer that sends no heartbeat this long (a frozen host, a silently cut "
             "link) ends the job on every reachable rank, naming it; in an elastic job its host is dropped and "
             "the job goes on from the last commit. Heartbeats run in a small process of each rank's own: a long "
@@ -36,6 +39,7 @@ _HORO: tuple[Setting, ...] = (
             "option in Horovod, a run-time switch in horo)", var="HORO_GPU_OPERATIONS",
             horovod="HOROVOD_GPU_OPERATIONS", kind="choice", choices=("NCCL", "MPI"), note="NCCL when usable",
             reader="the GPU backend", topic="gpus"),
+    # As DDP's Reducer sizes them: the first bucket small, so the first exchange starts early in backward.
     Setting("bucket_bytes", _V, "`horo.torch` gradient bucket size (DDP's 25 MiB); 0: one exchange per "
             "parameter. Autotune tunes it unless set by hand ([Autotune](autotune.md#the-bucket-size))",
             var="HORO_BUCKET_BYTES", kind="int", default="26214400", reader="horo.torch", agreed=True,
