@@ -30,6 +30,7 @@ from horo.core.base.settings import BUILD_VARIABLES, SETTINGS, by_horovod
 from horo.run import main
 from horo.run.args import UsageError, parse_args
 from horo.run.effective import print_settings, resolve
+from horo.run.mpiexec import HYDRA, OPENMPI, LaunchPlan, build_command
 from horo.run.output import Output, rank_folder
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -234,6 +235,17 @@ def test_the_flag_has_horovods_meaning_or_is_refused(form: str, tmp_path: Path,
         assert err.count("warning") == 1 and text in err, err
     if kind != "warned":
         assert "warning" not in err, err
+
+
+def test_mpi_args_and_binding_args_go_to_the_mpi_launcher_before_the_command() -> None:
+    eff = resolve(parse_args(["-np", "2", "--binding-args=--bind-to core", "--mpi-args", "--map-by 'ppr:2:node'",
+                              "python", "t.py"], environ={}), {})
+    for flavor in (OPENMPI, HYDRA):
+        cmd = build_command(LaunchPlan(mpiexec="/x/mpiexec", np=2, command=["python", "t.py"], flavor=flavor,
+                                       extra_args=eff.launcher_args))
+        assert cmd[-6:] == ["--bind-to", "core", "--map-by", "ppr:2:node", "python", "t.py"]
+    with pytest.raises(UsageError, match=r"Received: --mpi-args=\"--map-by 'ppr\".*HINT"):
+        resolve(parse_args(["-np", "2", "--mpi-args", "--map-by 'ppr", "python", "t.py"], environ={}), {})
 
 
 def test_a_repeated_network_interface_accumulates() -> None:
@@ -526,6 +538,23 @@ def test_start_timeout_ends_a_job_whose_ranks_do_not_start(tmp_path: Path) -> No
     res = _hororun(["-np", "2", "sleep", "600"], tmp_path, {"HOROVOD_START_TIMEOUT": "2"})
     assert res.returncode == 1
     assert "ranks 0, 1 had not started 2 s after the launch" in res.stderr and "HINT" in res.stderr
+
+
+@pytest.mark.timeout(JOB_TIMEOUT + 30)
+@pytest.mark.parametrize("launcher", ["openmpi", "hydra"])
+def test_ssh_port_and_identity_reach_the_program_that_starts_the_daemons(tmp_path: Path, launcher: str) -> None:
+    mpiexec = ["--mpiexec", str(ROOT / ".venv-mpich" / "bin" / "mpiexec")] if launcher == "hydra" else []
+    if mpiexec and not Path(mpiexec[1]).exists():
+        pytest.skip("no MPICH venv (.venv-mpich: make test builds it)")
+    # A stand-in for ssh that notes how the MPI launcher calls it, and fails: no daemon starts on "otherhost".
+    log = tmp_path / "agent.log"
+    agent = tmp_path / "agent"
+    agent.write_text(f'#!/bin/sh\necho "$@" >> {log}\nexit 1\n')
+    agent.chmod(0o755)
+    res = _hororun([*mpiexec, "-np", "1", "-H", "otherhost:1", "--ssh-command", str(agent), "-p", "2222", "-i",
+                    "/keys/id", sys.executable, "-c", "pass"], tmp_path)
+    assert res.returncode != 0
+    assert log.read_text().startswith("-p 2222 -i /keys/id "), log.read_text()
 
 
 def test_version_flag_prints_the_version() -> None:

@@ -219,6 +219,12 @@ def _run_static(ns: argparse.Namespace, mpiexec: str, flavor: str, env: dict[str
             hostfile = os.path.join(tmp, "hostfile")
             render = to_openmpi_hostfile if flavor == OPENMPI else to_hydra_hostfile
             Path(hostfile).write_text(render(file_hosts))
+        if flavor != OPENMPI and ssh_command and len(shlex.split(ssh_command)) > 1:
+            # Hydra executes -launcher-exec as one path: a command with options (-p, -i) goes in a script.
+            wrapper = Path(tmp) / "ssh"
+            wrapper.write_text(f'#!/bin/sh\nexec {ssh_command} "$@"\n')
+            wrapper.chmod(0o700)
+            ssh_command = str(wrapper)
         # Open MPI reads the allocation itself (ras/slurm) and starts its daemons with srun (plm/slurm);
         # hydra is given the hosts.
         plan = LaunchPlan(mpiexec=mpiexec, np=ns.np, command=ns.command, flavor=flavor,
