@@ -252,6 +252,8 @@ def test_a_repeated_network_interface_accumulates() -> None:
     ns = parse_args(["-np", "1", "--network-interface", "eth0", "--network-interfaces", "eth1,eth0",
                      "--network-interface", "ib0", "python", "t.py"], environ={})
     assert ns.network_interface == ["eth0", "eth1", "ib0"]
+    assert resolve(ns, {}).rank_env["NCCL_SOCKET_IFNAME"] == "eth0,eth1,ib0"  # NCCL's too, as Horovod sets it
+    assert "NCCL_SOCKET_IFNAME" not in resolve(ns, {"NCCL_SOCKET_IFNAME": "ib1"}).rank_env
 
 
 def test_autotune_flags_without_autotune_are_accepted_and_said_to_do_nothing(

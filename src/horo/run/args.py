@@ -128,9 +128,6 @@ def _check_elastic(ns: argparse.Namespace) -> None:
     if ns.hostfile:
         raise UsageError(f"elastic mode takes -H or --host-discovery-script, not --hostfile. Received: "
                          f"--hostfile={ns.hostfile!r}. HINT: print the hosts from a discovery script.")
-    if ns.discovery and ns.hosts:
-        raise UsageError(f"give either -H or --host-discovery-script. Received: -H={ns.hosts!r}, "
-                         f"--host-discovery-script={ns.discovery!r}. HINT: drop one of them.")
     if ns.np is None:
         ns.np = ns.min_np or ns.max_np
     if ns.np is None:

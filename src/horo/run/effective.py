@@ -155,6 +155,8 @@ def resolve(ns: argparse.Namespace, environ: Mapping[str, str] | None = None) ->
     if ns.max_np is not None and not ns.elastic:
         warn_once("max_np", f"--max-np {ns.max_np} alone does not make the job elastic (as in Horovod): {ns.np} "
                   "ranks run. HINT: add --min-np or --host-discovery-script for an elastic job.")
+    if ns.network_interface and not environ.get("NCCL_SOCKET_IFNAME"):
+        eff.rank_env["NCCL_SOCKET_IFNAME"] = ",".join(ns.network_interface)  # NCCL's traffic too, as Horovod
     eff.launcher_args = _split("--binding-args", ns.binding_args) + _split("--mpi-args", ns.mpi_args)
     if ns.ssh_port is not None:
         eff.ssh_args += ["-p", str(ns.ssh_port)]

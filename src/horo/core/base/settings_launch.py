@@ -23,8 +23,8 @@ LAUNCH: tuple[Setting, ...] = (
             "(Horovod's 30 s bound its own ssh checks, which hororun does not make)", var="HORO_START_TIMEOUT",
             horovod="HOROVOD_START_TIMEOUT", flags=("--start-timeout",), kind="float", reader="hororun",
             topic="launching", metavar="SEC"),
-    Setting("network_interface", "general", "network interfaces MPI and the launcher's control traffic use; "
-            "comma-separated or repeated (hydra takes one)",
+    Setting("network_interface", "general", "network interfaces MPI, the launcher's control traffic and NCCL "
+            "(NCCL_SOCKET_IFNAME, unless set) use; comma-separated or repeated (hydra takes one)",
             flags=("--network-interfaces", "--network-interface"), kind="list", metavar="IFACE[,IFACE]"),
     Setting("output_filename", "general", "also write each rank's output to DIR/rank.N/stdout and "
             "DIR/rank.N/stderr (N zero-padded to the width of the largest rank)", flags=("--output-filename",),
