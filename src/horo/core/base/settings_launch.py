@@ -31,7 +31,8 @@ LAUNCH: tuple[Setting, ...] = (
             kind="path", metavar="DIR"),
     Setting("verbose", "general", "print the effective settings with their sources and the exact mpiexec "
             "command line, and let the frameworks' start-up banners through", flags=("--verbose",), kind="switch"),
-    Setting("config_file", "general", "Horovod's YAML file of settings; flags on the command line win over it",
+    Setting("config_file", "general", "Horovod's YAML file of settings (read with PyYAML: pip install pyyaml); "
+            "flags on the command line win over it",
             flags=("--config-file",), kind="path", metavar="FILE"),
     Setting("mpiexec", "general", "the `mpiexec` hororun drives; default: the one next to the Python, else "
             "`mpiexec` on `PATH`", var="HORO_MPIEXEC", flags=("--mpiexec",), kind="path", reader="hororun",
