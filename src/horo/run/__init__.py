@@ -1,27 +1,34 @@
-"""``hororun``: launch a horo job on N processes by driving the real ``mpiexec``.
+"""``hororun`` (also installed as ``horovodrun``): launch a horo job on N processes by driving the real ``mpiexec``.
 
-Usage: ``hororun -np N [-H host1:2,host2:2 | --hostfile F] [--timeline-filename F] [--autotune ...]
-[--tag-output] [--ssh-command CMD] [--network-interface IFACE] [--hierarchical-allreduce]
-[--hierarchical-allgather] [--verbose] [--mpiexec PATH] python train.py ...``; also ``python -m horo.run``.
-Process management is mpiexec's; hororun adds Horovod's flags, a hook that makes a failing rank end the whole
-job fast, and clean-up so no rank outlives the job. Horovod's ``HOROVOD_*`` tuning variables work as they are
-(see ``horo.core.base.config``); TensorFlow's C++ start-up banners are kept off unless ``--verbose``.
+Usage: ``hororun -np N [-H host1:2,host2:2 | --hostfile F] [Horovod's flags] python train.py ...``; also
+``python -m horo.run``. Every flag of horovodrun 0.28 is taken, with Horovod's meaning, or refused in one line
+where it cannot apply (``--gloo``); the settings table (``horo.core.base.settings``) declares them. Process
+management is mpiexec's; hororun adds a hook that makes a failing rank end the whole job fast, and clean-up so
+no rank outlives the job. Horovod's ``HOROVOD_*`` variables work as they are (see ``horo.core.base.config``);
+TensorFlow's C++ start-up banners are kept off unless ``--verbose``.
 """
 
 from __future__ import annotations
 
+import argparse
 import os
 import re
+import secrets
 import shlex
 import shutil
 import sys
 import tempfile
+import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
-from horo.core.base.config import horo_name
+from horo.core.base.config import CHECKED, horo_name, resolve_aliases
+from horo.core.base.horovod_env import check_environment
 from horo.core.transport import mpi_env
 from horo.run.args import UsageError, parse_args
 from horo.run.check_build import check_build
+from horo.run.effective import Effective, print_settings, resolve
 from horo.run.elastic_launch import run_elastic
 from horo.run.hosts import (
     HostParseError,
@@ -33,6 +40,7 @@ from horo.run.hosts import (
 )
 from horo.run.launch import first_rank_exit, run_job
 from horo.run.mpiexec import OPENMPI, LaunchPlan, MpiexecError, build_command, detect_flavor, find_mpiexec
+from horo.run.output import START_MARK, Output
 from horo.run.slurm import allocation as slurm_allocation
 
 __all__ = ["RANK_HOOK_DIR", "main"]
@@ -46,13 +54,17 @@ RANK_HOOK_DIR = str(Path(__file__).resolve().parent / "rank_hook")
 QUIET_ENV = {"TF_CPP_MIN_LOG_LEVEL": "2"}
 
 
+def _prog() -> str:
+    """The name the user typed: ``horovodrun`` when started by that name, else ``hororun``."""
+    return "horovodrun" if Path(sys.argv[0]).name == "horovodrun" else "hororun"
+
+
 def _usage_error(message: str) -> int:
-    print(f"hororun: error: {message}", file=sys.stderr)
+    print(f"{_prog()}: error: {message}", file=sys.stderr)
     return 2
 
 
-def _rank_env(base: dict[str, str], timeline: str | None, np_: int | None = None,
-              verbose: bool = False) -> dict[str, str]:
+def _rank_env(base: dict[str, str], np_: int | None = None, verbose: bool = False) -> dict[str, str]:
     """The variables hororun adds or changes for the ranks."""
     path = base.get("PYTHONPATH")
     extra = {"PYTHONPATH": RANK_HOOK_DIR + (os.pathsep + path if path else "")}
@@ -61,9 +73,6 @@ def _rank_env(base: dict[str, str], timeline: str | None, np_: int | None = None
     if np_ is not None and np_ > (os.cpu_count() or 1) and "MPIR_CVAR_ENABLE_HEAVY_YIELD" not in base:
         # More ranks than cores: MPICH's busy-polling ranks would steal the cores the others compute on.
         extra["MPIR_CVAR_ENABLE_HEAVY_YIELD"] = "1"
-    if timeline is not None:
-        # Absolute, so every rank writes where the user meant even if it starts in another directory.
-        extra["HORO_TIMELINE"] = os.path.abspath(timeline)
     return extra
 
 
@@ -97,12 +106,13 @@ def main(argv: list[str] | None = None) -> int:
     """
     argv = sys.argv[1:] if argv is None else list(argv)
     try:
-        ns = parse_args(argv)
+        ns = parse_args(argv, prog=_prog())
+        eff = resolve(ns) if not ns.check_build else None
     except UsageError as exc:
         return _usage_error(str(exc))
-    except SystemExit as exc:  # --help
+    except SystemExit as exc:  # --help, --version
         return exc.code if isinstance(exc.code, int) else 0
-    if ns.check_build:
+    if eff is None:
         print(check_build())
         return 0
 
@@ -128,6 +138,8 @@ def main(argv: list[str] | None = None) -> int:
         ns.hosts = ",".join(f"{s.host}:{s.slots}" for s in alloc)
 
     ssh_command = ns.ssh_command or os.environ.get("HORO_SSH") or None
+    if eff.ssh_args:  # -p/--ssh-port, -i/--ssh-identity-file: options of the program that starts the daemons
+        ssh_command = shlex.join([*shlex.split(ssh_command or "ssh"), *eff.ssh_args])
     if ssh_command is not None:
         program = shlex.split(ssh_command)[0] if shlex.split(ssh_command) else ""
         if shutil.which(program) is None:
@@ -137,13 +149,17 @@ def main(argv: list[str] | None = None) -> int:
                 "HINT: give the path of an ssh-like program, called as 'CMD [options] HOST COMMAND...'."
             )
     flavor = detect_flavor(mpiexec)
-    extra = _rank_env(dict(os.environ), ns.timeline, ns.np, ns.verbose)
-    extra.update(ns.autotune_env)
-    if ns.hierarchical_allreduce:
-        extra["HORO_HIERARCHICAL_ALLREDUCE"] = "1"
-    if ns.hierarchical_allgather:
-        extra["HORO_HIERARCHICAL_ALLGATHER"] = "1"
+    extra = _rank_env(dict(os.environ), ns.np, ns.verbose)
+    extra.update(eff.rank_env)
     env = {**os.environ, **extra}
+    resolve_aliases(env)  # the environment's warnings, said here once for the whole job
+    check_environment(env)
+    extra[CHECKED] = env[CHECKED] = "1"
+    output = Output(ns.output_filename and os.path.abspath(ns.output_filename), ns.np,
+                    keep_tags=bool(ns.tag_output), timestamp=bool(ns.prefix_output_with_timestamp),
+                    mark=secrets.token_hex(8) if eff.start_timeout else None)
+    if output.mark is not None:
+        extra[START_MARK] = env[START_MARK] = output.mark
     mpi_env.before_init(env)  # also for ranks whose script starts MPI before horo.init()
     genv: dict[str, str] = {}
     if "HORO_TIMELINE" in extra:
@@ -155,14 +171,46 @@ def main(argv: list[str] | None = None) -> int:
         genv.update({k: v for k, v in env.items() if k.startswith("HORO_") or horo_name(k)})
         genv.update({k: env[k] for k in QUIET_ENV if k in extra})
         genv["PYTHONPATH"] = env["PYTHONPATH"]
+        genv.update(eff.rank_env)  # what the launch line set: Horovod's names and others' (NCCL_IB_DISABLE)
     if flavor == OPENMPI and (any_remote(hosts or file_hosts or alloc) or ssh_command):
         # As horovodrun does, the ranks on other hosts get the user's environment (KERAS_BACKEND, PATH,
         # OMP_NUM_THREADS, ...): Open MPI's ssh start gives them a bare login environment. Hydra forwards
         # everything by itself.
         genv.update({k: v for k, v in env.items() if _exportable(k, v)})
 
-    if ns.elastic:
-        return run_elastic(ns, mpiexec, flavor, env, genv, ssh_command)
+    if ns.verbose:
+        print_settings(eff, _prog())
+    ns.launcher_args, ns.output = eff.launcher_args, output
+    try:
+        if ns.elastic:
+            return run_elastic(ns, mpiexec, flavor, env, genv, ssh_command)
+        return _run_static(ns, mpiexec, flavor, env, extra, genv, ssh_command, (hosts, file_hosts, alloc), eff)
+    finally:
+        output.close()
+
+
+def _started(output: Output, size: int, timeout: float) -> Callable[[], str | None]:
+    """``--start-timeout``: why the job must end once ``timeout`` seconds passed without every rank started."""
+    deadline = time.monotonic() + timeout
+
+    def check() -> str | None:
+        if len(output.started) >= size or time.monotonic() < deadline:
+            return None
+        missing = sorted(set(range(size)) - output.started)
+        shown = ", ".join(map(str, missing[:16])) + (", ..." if len(missing) > 16 else "")
+        return (f"ranks {shown} had not started {timeout:g} s after the launch (--start-timeout or "
+                f"HOROVOD_START_TIMEOUT); ending the job. HINT: a rank counts as started once its Python does "
+                "(a command that runs no Python never does); check that every host is reachable by ssh and has "
+                "this Python, or raise --start-timeout.")
+
+    return check
+
+
+def _run_static(ns: argparse.Namespace, mpiexec: str, flavor: str, env: dict[str, str], extra: dict[str, str],
+                genv: dict[str, str], ssh_command: str | None, where: tuple[Any, Any, Any], eff: Effective) -> int:
+    """Run a job of a fixed number of ranks; ``where``: the hosts of -H, of the hostfile, of SLURM's allocation."""
+    hosts, file_hosts, alloc = where
+    output: Output = ns.output
 
     with tempfile.TemporaryDirectory(prefix="hororun-") as tmp:
         hostfile = None
@@ -171,11 +219,18 @@ def main(argv: list[str] | None = None) -> int:
             hostfile = os.path.join(tmp, "hostfile")
             render = to_openmpi_hostfile if flavor == OPENMPI else to_hydra_hostfile
             Path(hostfile).write_text(render(file_hosts))
+        if flavor != OPENMPI and ssh_command and len(shlex.split(ssh_command)) > 1:
+            # Hydra executes -launcher-exec as one path: a command with options (-p, -i) goes in a script.
+            wrapper = Path(tmp) / "ssh"
+            wrapper.write_text(f'#!/bin/sh\nexec {ssh_command} "$@"\n')
+            wrapper.chmod(0o700)
+            ssh_command = str(wrapper)
         # Open MPI reads the allocation itself (ras/slurm) and starts its daemons with srun (plm/slurm);
         # hydra is given the hosts.
         plan = LaunchPlan(mpiexec=mpiexec, np=ns.np, command=ns.command, flavor=flavor,
                           hosts=hosts or (alloc if flavor != OPENMPI else None), hostfile=hostfile, genv=genv,
-                          tag_output=ns.tag_output, ssh_command=ssh_command, interfaces=ns.network_interface or [],
+                          tag_output=bool(ns.tag_output) or output.folder is not None, ssh_command=ssh_command,
+                          interfaces=ns.network_interface or [], extra_args=eff.launcher_args,
                           oversubscribe=_needs_oversubscribe(ns.np, hosts or file_hosts or alloc))
         try:
             cmd = build_command(plan)
@@ -186,8 +241,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"hororun: {flavor} launcher; ranks get {env_text}", file=sys.stderr)
             print(f"hororun: {shlex.join(cmd)}", file=sys.stderr, flush=True)
         env["HORORUN_STATUS_DIR"] = tmp
+        check = _started(output, ns.np, eff.start_timeout) if eff.start_timeout else None
         try:
-            rc = run_job(cmd, env, hosts=[s.host for s in (hosts or file_hosts or [])])
+            rc = run_job(cmd, env, hosts=[s.host for s in (hosts or file_hosts or [])], output=output, check=check)
         except OSError as exc:
             print(f"hororun: error: cannot start {mpiexec}: {exc}", file=sys.stderr)
             return 127

@@ -1,16 +1,23 @@
-"""hororun's command line: parsing and validation, with errors that name the value received."""
+"""hororun's (and horovodrun's) command line, built from the settings table: Horovod's groups and flags, with
+errors that name the value received."""
 
 from __future__ import annotations
 
 import argparse
 import os
-from typing import NoReturn
+import re
+from collections.abc import Mapping
+from typing import Any, NoReturn
 
-from horo.core.scheduling.autotune.settings import read_options
+import horo
+from horo.core.base.setting import GROUPS, Setting
+from horo.core.base.settings import SETTINGS
+from horo.run.config_file import apply_config_file
 
-__all__ = ["UsageError", "autotune_env", "build_parser", "parse_args"]
+__all__ = ["UsageError", "build_parser", "parse_args"]
 
 _EXAMPLE = "hororun -np 2 python train.py"
+_POSITIVE = ("np", "min_np", "max_np", "slots_per_host")  # counts of processes or slots: 1 at least
 
 
 class UsageError(Exception):
@@ -24,90 +31,95 @@ class _Parser(argparse.ArgumentParser):
         raise UsageError(message)
 
 
-def _positive_int(flag: str) -> object:
-    def convert(text: str) -> int:
+def _converter(setting: Setting) -> Any:
+    """The argparse ``type`` of a value flag: a number checked like the variable it sets, else the text."""
+    flag = setting.flags[0]
+    if setting.kind not in ("int", "float", "pair"):
+        return str
+    low = 1 if setting.name in _POSITIVE else 0
+
+    def convert(text: str) -> int | float:
         try:
-            value = int(text)
+            value: int | float = int(text) if setting.kind == "int" else float(text)
         except ValueError:
-            value = 0
-        if value < 1:
-            raise argparse.ArgumentTypeError(
-                f"must be a positive integer. Received: {flag}={text!r}. HINT: e.g. {flag} 2"
-            )
+            value = -1
+        if value < low:
+            what = "a positive integer" if low else "an integer >= 0" if setting.kind == "int" else "a number >= 0"
+            raise argparse.ArgumentTypeError(f"must be {what}. Received: {flag}={text!r}. HINT: e.g. {flag} 2")
         return value
 
     return convert
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The argparse parser for ``hororun``."""
+class _Value(argparse.Action):
+    """Stores a flag's value and notes the form given (``ns.given``: where ``--verbose`` says it came from)."""
+
+    def __call__(self, parser: argparse.ArgumentParser, ns: argparse.Namespace, values: Any,
+                 option_string: str | None = None) -> None:
+        if self.dest == "network_interface":  # repeated or comma-separated: all of them, as Horovod
+            names = [n.strip() for n in str(values).split(",")]
+            values = list(dict.fromkeys([*(getattr(ns, self.dest) or []), *names]))
+        setattr(ns, self.dest, values)
+        ns.given[self.dest] = option_string
+
+
+class _Const(_Value):
+    """A flag without a value that sets its setting to a fixed value (``--no-autotune``: 0)."""
+
+    def __init__(self, option_strings: list[str], dest: str, const: Any, help: str | None = None) -> None:  # noqa: A002
+        super().__init__(option_strings, dest, nargs=0, const=const, default=None, help=help)
+
+    def __call__(self, parser: argparse.ArgumentParser, ns: argparse.Namespace, values: Any,
+                 option_string: str | None = None) -> None:
+        super().__call__(parser, ns, self.const, option_string)
+
+
+def _add(section: Any, setting: Setting) -> None:
+    """Add ``setting``'s flags to ``section``; the help says what horo does with them, or why it cannot."""
+    # The docs' markup out: [Autotune](autotune.md) -> Autotune, `x` -> x.
+    doc = re.sub(r"\[([^\]]+)\]\([^)]+\)", r"\1", setting.doc).replace("`", "").replace("%", "%%")
+    label = setting.var or setting.horovod
+    if setting.why and setting.fixed is None:
+        doc += f" (ignored in horo: {setting.why})"
+    if setting.name == "version":
+        section.add_argument(*setting.flags, action="version", version=horo.__version__, help=doc)
+    elif setting.kind == "switch" and setting.flags:
+        section.add_argument(*setting.flags, dest=setting.name, action=_Const, const=True, help=doc)
+    elif setting.flags:
+        section.add_argument(*setting.flags, dest=setting.name, action=_Value, type=_converter(setting),
+                             nargs=2 if setting.kind == "pair" else None, metavar=setting.metavar or None,
+                             help=doc + (f" ({label})" if label else ""))
+    by_value: dict[str, list[str]] = {}
+    for form, value in setting.consts:
+        by_value.setdefault(value, []).append(form)
+    for i, (value, forms) in enumerate(by_value.items()):
+        if setting.fixed is not None and not setting.honoured(value):
+            text = f"{'refused' if setting.refuse else 'ignored'} in horo: {setting.why}"
+        elif setting.kind == "choice":
+            text = f"{doc}: {value}"
+        else:
+            text = (doc if i == 0 else "") + (f" ({label}={value})" if label else "")
+        section.add_argument(*forms, dest=setting.name, action=_Const, const=value, help=text.strip() or doc)
+
+
+def build_parser(prog: str = "hororun") -> argparse.ArgumentParser:
+    """The argparse parser of ``hororun``/``horovodrun``: the settings with flags, in Horovod's groups."""
     parser = _Parser(
-        prog="hororun",
-        description="Launch a horo (Horovod-style) training job on N processes through mpiexec.",
-        epilog=f"example: {_EXAMPLE}   |   hororun -np 4 -H host1:2,host2:2 python train.py",
+        prog=prog,
+        description=f"Launch a horo (Horovod-style) training job on N processes through mpiexec. {prog} takes "
+                    "horovodrun's flags; HOROVOD_* variables work as under Horovod (docs/api/launcher.md).",
+        epilog=f"example: {_EXAMPLE}   |   {prog} -np 4 -H host1:2,host2:2 python train.py",
         allow_abbrev=False,
     )
-    parser.add_argument("-np", "-n", "--num-proc", dest="np", type=_positive_int("-np"), metavar="N",
-                        help="number of processes (ranks) to start; may exceed the number of cores")
-    hosts = parser.add_mutually_exclusive_group()
-    hosts.add_argument("-H", "--hosts", dest="hosts", metavar="HOST:SLOTS,...",
-                       help="hosts and slots, e.g. host1:2,host2:2 (default: this machine)")
-    hosts.add_argument("--hostfile", "-hostfile", dest="hostfile", metavar="FILE",
-                       help="file with one 'host slots=N' (or 'host:N') per line")
-    parser.add_argument("--timeline-filename", dest="timeline", metavar="FILE",
-                        help="record a timeline: sets HORO_TIMELINE=FILE on every rank")
-    tune = parser.add_argument_group("autotune", "tune the engine's knobs while training (needs horo-mpi[autotune])")
-    tune.add_argument("--autotune", action="store_true", help="turn autotune on (HORO_AUTOTUNE=1)")
-    tune.add_argument("--autotune-log-file", metavar="FILE", help="CSV of every trial, written by rank 0")
-    tune.add_argument("--autotune-warmup-samples", metavar="N",
-                      help="samples discarded after each change of setting (default 3)")
-    tune.add_argument("--autotune-steps-per-sample", metavar="N", help="steps per scored sample (default 10)")
-    tune.add_argument("--autotune-bayes-opt-max-samples", metavar="N",
-                      help="trials of the Bayesian search before the best setting is frozen (default 20)")
-    tune.add_argument("--autotune-gaussian-process-noise", metavar="X",
-                      help="noise level of the Gaussian process, in [0, 1] (default 0.8)")
-    tune.add_argument("--autotune-cache", metavar="FILE",
-                      help="reuse the setting tuned by an earlier run of the same job, and save new ones")
-    parser.add_argument("--tag-output", action="store_true",
-                        help="prefix every output line with the rank that printed it")
-    parser.add_argument("--verbose", "-v", action="store_true",
-                        help="print the exact mpiexec command line before running it, and let the "
-                             "frameworks' start-up banners through (TF_CPP_MIN_LOG_LEVEL)")
-    parser.add_argument("--ssh-command", dest="ssh_command", metavar="CMD",
-                        help="program the MPI launcher runs instead of ssh to start its daemons on other hosts, "
-                             "called as 'CMD [options] HOST COMMAND...' (default: $HORO_SSH, else ssh)")
-    parser.add_argument("--network-interface", dest="network_interface", metavar="IFACE[,IFACE]",
-                        help="network interface(s) MPI traffic and the launcher's control traffic must use, "
-                             "e.g. eth0 (hydra takes one)")
-    parser.add_argument("--hierarchical-allreduce", action="store_true",
-                        help="allreduce within each host first, then across one rank per host "
-                             "(sets HORO_HIERARCHICAL_ALLREDUCE=1)")
-    parser.add_argument("--hierarchical-allgather", action="store_true",
-                        help="allgather within each host first, then across one rank per host "
-                             "(sets HORO_HIERARCHICAL_ALLGATHER=1)")
-    parser.add_argument("--mpiexec", metavar="PATH",
-                        help="mpiexec to use (default: $HORO_MPIEXEC, else the one next to this Python, "
-                             "else mpiexec on PATH)")
-    el = parser.add_argument_group("elastic training (Horovod's flags; needs the embedded Open MPI's ULFM)")
-    el.add_argument("--min-np", dest="min_np", type=_positive_int("--min-np"), metavar="MIN",
-                    help="fewest workers to go on with; below it for --elastic-timeout, the job fails")
-    el.add_argument("--max-np", dest="max_np", type=_positive_int("--max-np"), metavar="MAX",
-                    help="most workers; new hosts beyond it stay unused (default: every slot of -H or the "
-                         "discovery script; else -np)")
-    el.add_argument("--host-discovery-script", dest="discovery", metavar="SCRIPT",
-                    help="executable printing 'host:slots' lines; polled about once a second")
-    el.add_argument("--slots-per-host", dest="slots_per_host", type=_positive_int("--slots-per-host"),
-                    metavar="K", help="slots for discovered hosts printed without ':slots' (default 1)")
-    el.add_argument("--elastic-timeout", dest="elastic_timeout", type=float, default=600.0, metavar="SEC",
-                    help="seconds to wait for --min-np slots (at start and after failures; default 600)")
-    el.add_argument("--reset-limit", dest="reset_limit", type=int, metavar="R",
-                    help="fail the job after more than R resets (default: no limit)")
-    el.add_argument("--blacklist-cooldown-range", dest="cooldown", type=float, nargs=2, metavar=("LO", "HI"),
-                    help="a failed host returns after a random LO..HI seconds (default: never)")
-    parser.add_argument("--check-build", action="store_true",
-                        help="print the frameworks and backends horo can use, then exit")
-    parser.add_argument("command", nargs=argparse.REMAINDER,
-                        help="the program each rank runs, with its arguments")
+    sections: dict[str, Any] = {"general": parser}
+    for key, title in GROUPS.items():
+        if key not in ("general", "variables", "rank"):
+            sections[key] = parser.add_argument_group(f"{title} arguments")
+    sections["hosts"] = sections["hosts"].add_mutually_exclusive_group()  # -H or --hostfile, as Horovod
+    for setting in SETTINGS:
+        if setting.forms:
+            _add(sections[setting.group], setting)
+    parser.add_argument("command", nargs=argparse.REMAINDER, help="the program each rank runs, with its arguments")
     return parser
 
 
@@ -116,9 +128,6 @@ def _check_elastic(ns: argparse.Namespace) -> None:
     if ns.hostfile:
         raise UsageError(f"elastic mode takes -H or --host-discovery-script, not --hostfile. Received: "
                          f"--hostfile={ns.hostfile!r}. HINT: print the hosts from a discovery script.")
-    if ns.discovery and ns.hosts:
-        raise UsageError(f"give either -H or --host-discovery-script. Received: -H={ns.hosts!r}, "
-                         f"--host-discovery-script={ns.discovery!r}.")
     if ns.np is None:
         ns.np = ns.min_np or ns.max_np
     if ns.np is None:
@@ -133,86 +142,83 @@ def _check_elastic(ns: argparse.Namespace) -> None:
         raise UsageError(f"elastic mode needs --min-np <= -np <= --max-np. Received: --min-np={ns.min_np}, "
                          f"-np={ns.np}, --max-np={ns.max_np}. HINT: hororun -np 3 --min-np 2 --max-np 4 ...")
     if ns.elastic_timeout <= 0:
-        raise UsageError(f"--elastic-timeout must be positive. Received: --elastic-timeout={ns.elastic_timeout}.")
-    if ns.reset_limit is not None and ns.reset_limit < 0:
-        raise UsageError(f"--reset-limit must be >= 0. Received: --reset-limit={ns.reset_limit}.")
+        raise UsageError(f"--elastic-timeout must be positive. Received: --elastic-timeout={ns.elastic_timeout:g}. "
+                         "HINT: e.g. --elastic-timeout 600.")
     if ns.cooldown is not None and not 0 <= ns.cooldown[0] <= ns.cooldown[1]:
         raise UsageError(f"--blacklist-cooldown-range needs 0 <= LO <= HI. Received: "
-                         f"--blacklist-cooldown-range={ns.cooldown[0]:g} {ns.cooldown[1]:g}.")
+                         f"--blacklist-cooldown-range={ns.cooldown[0]:g} {ns.cooldown[1]:g}. HINT: e.g. 60 300.")
     if ns.discovery and not os.access(ns.discovery, os.X_OK):
         raise UsageError(f"the host discovery script is not an executable file. Received: "
                          f"--host-discovery-script={ns.discovery!r}. HINT: chmod +x it.")
 
 
-_AUTOTUNE_FLAGS = {
-    "autotune_log_file": ("HORO_AUTOTUNE_LOG", "--autotune-log-file"),
-    "autotune_warmup_samples": ("HORO_AUTOTUNE_WARMUP_SAMPLES", "--autotune-warmup-samples"),
-    "autotune_steps_per_sample": ("HORO_AUTOTUNE_STEPS_PER_SAMPLE", "--autotune-steps-per-sample"),
-    "autotune_bayes_opt_max_samples": ("HORO_AUTOTUNE_BAYES_OPT_MAX_SAMPLES", "--autotune-bayes-opt-max-samples"),
-    "autotune_gaussian_process_noise": ("HORO_AUTOTUNE_GAUSSIAN_PROCESS_NOISE", "--autotune-gaussian-process-noise"),
-    "autotune_cache": ("HORO_AUTOTUNE_CACHE", "--autotune-cache"),
-}
+def _elastic_timeout(ns: argparse.Namespace, environ: Mapping[str, str]) -> float:
+    """Horovod's precedence: the flag, else ``HORO_ELASTIC_TIMEOUT`` or ``HOROVOD_ELASTIC_TIMEOUT``, else 600."""
+    if ns.elastic_timeout is not None:
+        return float(ns.elastic_timeout)
+    for var in ("HORO_ELASTIC_TIMEOUT", "HOROVOD_ELASTIC_TIMEOUT"):
+        raw = environ.get(var, "").strip()
+        if raw:
+            try:
+                return float(raw)
+            except ValueError:
+                raise UsageError(f"{var} must be a number of seconds. Received: {var}={raw!r}. "
+                                 "HINT: e.g. 600, or unset it.") from None
+    return 600.0
 
 
-def autotune_env(ns: argparse.Namespace) -> dict[str, str]:
-    """The HORO_AUTOTUNE* variables the ranks get for the --autotune* flags (checked like the variables).
-
-    Raises:
-        UsageError: a bad value, named with its flag.
-    """
-    env: dict[str, str] = {"HORO_AUTOTUNE": "1"} if ns.autotune else {}
-    for attr, (var, _flag) in _AUTOTUNE_FLAGS.items():
-        value = getattr(ns, attr, None)
-        if value is not None:
-            env[var] = os.path.abspath(value) if var in ("HORO_AUTOTUNE_LOG", "HORO_AUTOTUNE_CACHE") else value
-
-    try:
-        read_options(env)
-    except ValueError as exc:
-        text = str(exc)
-        for var, flag in _AUTOTUNE_FLAGS.values():
-            text = text.replace(f"{var}=", f"{flag}=").replace(f"{var} ", f"{flag} ")
-        raise UsageError(text.replace("HINT: unset it to use", "HINT: leave it out to use")) from None
-    if env and not ns.autotune:
-        raise UsageError(f"--autotune-* options need --autotune. Received: {sorted(env)} without --autotune. "
-                         "HINT: add --autotune.")
-    return env
+def _refuse(ns: argparse.Namespace) -> None:
+    """Refuse, in one line, a flag or config-file value that cannot apply in horo (``Setting.refuse``)."""
+    for setting in SETTINGS:
+        value = getattr(ns, setting.name, None) if setting.refuse else None
+        if value is None or setting.honoured(str(value)):
+            continue
+        form = ns.given.get(setting.name) or f"{ns.config_file}: {setting.key}={value}"
+        raise UsageError(f"{form} cannot apply: {setting.why}. Received: {form}. HINT: drop it from the launch "
+                         "line; docs/api/launcher.md lists what each Horovod flag does in horo.")
 
 
-def parse_args(argv: list[str]) -> argparse.Namespace:
-    """Parse and cross-check hororun's arguments.
+def parse_args(argv: list[str], environ: Mapping[str, str] | None = None, prog: str = "hororun") -> argparse.Namespace:
+    """Parse and cross-check hororun's arguments (with ``--config-file``'s values where no flag gave one).
 
     Raises:
         UsageError: the message names the offending value and gives a hint.
-        SystemExit: for ``--help`` (argparse prints the help and exits 0).
+        SystemExit: for ``--help`` and ``--version`` (argparse prints them and exits 0).
     """
-    parser = build_parser()
+    environ = os.environ if environ is None else environ
+    parser = build_parser(prog)
     try:
-        ns = parser.parse_args(argv)
+        ns = parser.parse_args(argv, namespace=argparse.Namespace(given={}, from_config={}))
     except UsageError as exc:
         text = str(exc)
         if text.startswith("unrecognized arguments: "):
-            text = (f"unrecognized hororun option. Received: {text.split(': ', 1)[1]}. HINT: hororun options "
-                    f"go before the command, e.g. {_EXAMPLE}; see hororun --help.")
+            text = (f"unrecognized {prog} option. Received: {text.split(': ', 1)[1]}. HINT: {prog} options "
+                    f"go before the command, e.g. {_EXAMPLE}; see {prog} --help.")
         elif "HINT" not in text:
-            text += ". HINT: see hororun --help."
+            text += f". HINT: see {prog} --help."
         raise UsageError(text) from None
     if ns.command and ns.command[0] == "--":
         ns.command = ns.command[1:]  # "hororun -np 2 -- cmd" separates a command that starts with "-"
     if ns.check_build:
         return ns
-    ns.elastic = any(v is not None for v in (ns.min_np, ns.max_np, ns.discovery))
+    if ns.config_file:
+        try:
+            apply_config_file(ns, ns.config_file)
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
+    _refuse(ns)
+    # Horovod's rule: a discovery script or --min-np makes the job elastic; --max-np alone does not.
+    ns.elastic = ns.min_np is not None or ns.discovery is not None
+    ns.elastic_timeout = _elastic_timeout(ns, environ)
     if ns.elastic:
         _check_elastic(ns)
-    ns.autotune_env = autotune_env(ns)
     if ns.network_interface is not None:
-        names = [n.strip() for n in ns.network_interface.split(",")]
+        names = ns.network_interface
         if not all(names) or any(c.isspace() or c in "/:" for n in names for c in n):
             raise UsageError(
                 f"--network-interface takes comma-separated interface names. Received: "
-                f"--network-interface={ns.network_interface!r}. HINT: --network-interface eth0"
+                f"--network-interface={','.join(names)!r}. HINT: --network-interface eth0"
             )
-        ns.network_interface = names
     if ns.ssh_command is not None and not ns.ssh_command.strip():
         raise UsageError(f"--ssh-command is empty. Received: --ssh-command={ns.ssh_command!r}. "
                          "HINT: --ssh-command /path/to/ssh-wrapper")

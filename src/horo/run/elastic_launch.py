@@ -81,13 +81,13 @@ def _launch(ns: argparse.Namespace, mpiexec: str, base_env: dict[str, str], genv
         cmd.append("--allow-run-as-root")
     cmd += ["-H", ",".join(f"{h}:{s}" for h, s in hosts)]
     cmd += openmpi_remote_args(ssh_command, ns.network_interface or [])
-    if ns.tag_output:
+    if ns.tag_output or getattr(getattr(ns, "output", None), "folder", None):  # --output-filename needs the tags
         cmd.append("--tag-output")
     for name, value in {**genv, **env_extra}.items():
         # The secret is forwarded by name from mpiexec's environment: a value on the command line is readable
         # by every user of the machine through ps.
         cmd += ["-x", name if name == "HORO_ELASTIC_SECRET" else f"{name}={value}"]
-    cmd += list(ns.command)
+    cmd += [*getattr(ns, "launcher_args", []), *ns.command]  # --binding-args, --mpi-args
     if ns.verbose:
         print(f"hororun: elastic: workers on {assignment}", file=sys.stderr)
         print(f"hororun: {shlex.join(cmd)}", file=sys.stderr, flush=True)
@@ -96,7 +96,7 @@ def _launch(ns: argparse.Namespace, mpiexec: str, base_env: dict[str, str], genv
         env["HORORUN_STATUS_DIR"] = tmp
         try:
             rc = run_job(cmd, env, lost_hosts=lost, hosts=[h for h, _s in hosts], notes=notes,
-                         ended=lambda: driver.ended_at)
+                         ended=lambda: driver.ended_at, output=getattr(ns, "output", None))
         except OSError as exc:
             driver.fatal = f"cannot start {mpiexec}: {exc}"
             return 127

@@ -16,6 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from horo.run.output import Output
 from horo.run.reach import Probe
 
 __all__ = ["JobWatch", "descendants", "first_rank_exit", "kill_leftovers", "remove_stale_session_dirs", "run_job"]
@@ -242,25 +243,10 @@ class JobWatch:
             self.feed(line)
 
 
-def _to_stdout(line: bytes) -> None:
-    try:
-        sys.stdout.buffer.write(line)
-        sys.stdout.flush()
-    except (OSError, ValueError, AttributeError):
-        pass
-
-
-def _to_stderr(line: bytes) -> None:
-    try:
-        sys.stderr.buffer.write(line)
-        sys.stderr.flush()
-    except (OSError, ValueError, AttributeError):
-        pass
-
-
 def run_job(cmd: list[str], env: dict[str, str], grace: float = 5.0, teardown: float = 10.0,
             lost_hosts: list[str] | None = None, hosts: list[str] | None = None,
-            notes: dict[str, Any] | None = None, ended: Callable[[], float | None] | None = None) -> int:
+            notes: dict[str, Any] | None = None, ended: Callable[[], float | None] | None = None,
+            output: Output | None = None, check: Callable[[], str | None] | None = None) -> int:
     """Run ``cmd`` (an mpiexec line) to completion and return its exit status.
 
     mpiexec gets a session of its own, so a terminal's Ctrl-C reaches only hororun, which forwards
@@ -281,7 +267,9 @@ def run_job(cmd: list[str], env: dict[str, str], grace: float = 5.0, teardown: f
     (``JobWatch``'s ``proc_failures``), and failures are left to the caller to report. ``notes``, when
     given, receives the hosts whose ranks reported a stall (``stalled``) and the silent ones (``silent``).
     ``ended``, when given, returns when every rank said it was ending (else None): mpiexec then gets
-    ``teardown`` seconds to finish before it is ended.
+    ``teardown`` seconds to finish before it is ended. ``output`` routes the job's lines (default: to this
+    process's stdout and stderr). ``check``, polled while the job runs, returns why the job must end (then
+    printed, and the job is stopped as on a signal, with status 1), else None.
     """
     prctl = _prctl()
     if prctl is not None:
@@ -297,14 +285,16 @@ def run_job(cmd: list[str], env: dict[str, str], grace: float = 5.0, teardown: f
     # preexec_fn only calls prctl, which takes no locks; the usual threads caveat does not bite here.
     proc = subprocess.Popen(cmd, env=env, start_new_session=True, preexec_fn=in_child,  # noqa: PLW1509
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    watch = JobWatch(_to_stderr, proc_failures=lost_hosts is None)
-    out_watch = JobWatch(_to_stdout, proc_failures=lost_hosts is None)
+    output = output or Output()
+    to_stderr = output.stderr
+    watch = JobWatch(to_stderr, proc_failures=lost_hosts is None)
+    out_watch = JobWatch(output.stdout, proc_failures=lost_hosts is None)
     readers = [threading.Thread(target=w.pump, args=(stream,), name=f"hororun-{label}", daemon=True)
                for w, stream, label in ((watch, proc.stderr, "stderr"), (out_watch, proc.stdout, "stdout"))]
     for reader in readers:
         reader.start()
     received: list[int] = []
-    killed_stuck = False
+    killed_stuck = stopped = False
     probe = None
 
     def forward(signum: int, _frame: object) -> None:
@@ -325,6 +315,11 @@ def run_job(cmd: list[str], env: dict[str, str], grace: float = 5.0, teardown: f
                 break
             except subprocess.TimeoutExpired:
                 pass
+            why = check() if check is not None and not received else None
+            if why is not None:
+                to_stderr(f"hororun: error: {why}\n".encode())
+                forward(int(signal.SIGTERM), None)
+                stopped = True
             if received and deadline is None:
                 deadline = time.monotonic() + grace
             if deadline is not None and time.monotonic() > deadline:
@@ -359,6 +354,8 @@ def run_job(cmd: list[str], env: dict[str, str], grace: float = 5.0, teardown: f
     if lost_hosts is not None:
         lost_hosts.extend(h for h in [*watch.lost, *silent] if h not in lost_hosts)
     rc = rc if rc >= 0 else 128 - rc
+    if stopped:
+        return 1
     if watch.failed_at is None or not (rc == 0 or killed_stuck or watch.stalled or watch.unheard):
         return rc
     if lost_hosts is not None:  # the elastic caller restarts without the lost hosts, or says why not
@@ -367,7 +364,7 @@ def run_job(cmd: list[str], env: dict[str, str], grace: float = 5.0, teardown: f
            "killed it" if killed_stuck else "mpiexec exited 0 although it reported a failure" if rc == 0 else
            f"mpiexec exited with status {rc}")
     if watch.unheard:
-        _to_stderr(f"hororun: error: the job failed: {', '.join(watch.unheard)} fell silent (no heartbeat for "
+        to_stderr(f"hororun: error: the job failed: {', '.join(watch.unheard)} fell silent (no heartbeat for "
                    f"HORO_HEARTBEAT_TIMEOUT_SECONDS): that host, or the network to it, is the likely cause. {why}. "
                    "HINT: a frozen host or a cut network link looks like this; see the ranks' messages above.\n"
                    .encode())
@@ -376,12 +373,12 @@ def run_job(cmd: list[str], env: dict[str, str], grace: float = 5.0, teardown: f
                  "reported: that host, or the network to it, is the likely cause" if cut else
                  f"no rank on {', '.join(silent)} reported: that host, or the network to it, is the likely cause"
                  if silent else "every host's ranks reported it")
-        _to_stderr(f"hororun: error: the job failed: ranks on {', '.join(watch.stalled)} stalled in a collective "
+        to_stderr(f"hororun: error: the job failed: ranks on {', '.join(watch.stalled)} stalled in a collective "
                    f"past HORO_STALL_SHUTDOWN_TIME_SECONDS; {cause}. {why}. HINT: a cut network link or a hung "
                    "host looks like this; see the ranks' messages above.\n".encode())
     else:
         named = f" (hosts in mpiexec's messages: {', '.join(watch.hosts)})" if watch.hosts else ""
-        _to_stderr(f"hororun: error: the job failed{named}: {why}. HINT: a lost host or a cut network link "
+        to_stderr(f"hororun: error: the job failed{named}: {why}. HINT: a lost host or a cut network link "
                    "looks like this; see the messages above.\n".encode())
     return rc if rc not in (0, -9, 137) else 1
 

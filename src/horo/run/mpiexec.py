@@ -99,6 +99,7 @@ class LaunchPlan:
     # Open MPI: allow more ranks than slots. Only when needed: with it, Open MPI 5 fills the first host
     # with every rank instead of following the slot counts of -H/--hostfile.
     oversubscribe: bool = True
+    extra_args: list[str] = field(default_factory=list)  # --binding-args, --mpi-args: before the command
 
 
 def openmpi_remote_args(ssh_command: str | None, interfaces: Sequence[str]) -> list[str]:
@@ -154,7 +155,7 @@ def build_command(plan: LaunchPlan) -> list[str]:
             cmd += ["-iface", plan.interfaces[0]]
         for name, value in plan.genv.items():
             cmd += ["-genv", name, value]
-    return cmd + list(plan.command)
+    return cmd + list(plan.extra_args) + list(plan.command)
 
 
 def local_command(np_: int, command: list[str], mpiexec: str | None = None) -> list[str]:

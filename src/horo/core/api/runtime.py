@@ -14,6 +14,7 @@ from typing import Any
 from ..base.config import check_srun_world, config, share
 from ..base.errors import HoroInternalError
 from ..base.fault import horo_comms
+from ..base.horovod_env import check_environment, configure_logging, set_rank_variables
 from ..base.state import require_init, state
 from ..base.timeline import timeline
 from ..base.worlds import end as end_world
@@ -86,6 +87,8 @@ def init(comm: Any = None, process_sets: Sequence[ProcessSet] | str | None = Non
     # Errors as exceptions, whatever the caller's handler: a dead peer must surface (see core.fault).
     world.Set_errhandler(MPI.ERRORS_RETURN)
     share(world)  # before any engine exists: they read the agreed values
+    check_environment()  # Horovod's variables horo does not honour: one warning each (rank 0)
+    configure_logging()
     me = world.Get_rank()
     mpi_ops.use_wrapping_sums(world.allreduce(not mpi_env.integer_sums_wrap(MPI), op=MPI.LOR))
     local = world.Split_type(MPI.COMM_TYPE_SHARED, key=me)
@@ -113,9 +116,10 @@ def init(comm: Any = None, process_sets: Sequence[ProcessSet] | str | None = Non
     state.initialized = True
     for ps in sets:
         add_process_set(ps)
+    set_rank_variables(world, local, cross)
     path = os.environ.get("HORO_TIMELINE")
-    if path and world.Get_rank() == 0:
-        timeline.start(path)
+    if path and path != "DYNAMIC" and world.Get_rank() == 0:  # DYNAMIC (Horovod's): start_timeline() starts it
+        timeline.start(path, mark_cycles=os.environ.get("HORO_TIMELINE_MARK_CYCLES", "0").strip() not in ("", "0"))
 
     if world.Get_size() > 1 and os.environ.get("HORO_ABORT_ON_ERROR", "1") != "0":
         sys.excepthook = _abort_on_uncaught

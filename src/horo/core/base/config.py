@@ -3,31 +3,33 @@
 Values that shape MPI calls (chunk size, fusion threshold) must be identical on all ranks, or ranks would
 split the same data into different calls; taking rank 0's values makes a stray per-rank variable harmless.
 
-Horovod's names work unchanged: ``HOROVOD_<X>`` is an alias of ``HORO_<X>`` for every ``<X>`` in a family
-of :data:`ALIASED` (same meaning, same units). ``HORO_<X>`` wins when both are set to different values, and
-one warning (rank 0's) says so. ``init()`` copies the aliases into the environment (:func:`apply_aliases`),
-so every reader of a ``HORO_`` variable sees them, whoever wrote that reader; ``hororun`` forwards both
-spellings to remote ranks.
+Horovod's names work unchanged: each ``HOROVOD_<X>`` of :data:`ALIASES` (derived from the settings table,
+``settings``) is an alias of ``HORO_<X>`` (same meaning, same units), read as Horovod reads it: an on/off
+variable by its leading integer, so ``true`` is 0 there too (with a warning). ``HORO_<X>`` wins when both are
+set to different values, and one warning (rank 0's) says so. ``init()`` copies the aliases into the environment
+(:func:`apply_aliases`), so every reader of a ``HORO_`` variable sees them, whoever wrote that reader;
+``hororun`` forwards both spellings to remote ranks.
 """
 
 from __future__ import annotations
 
+import math
 import os
 import sys
 from collections.abc import Mapping, MutableMapping
 from typing import Any
 
-__all__ = ["ALIASED", "ALIAS_PREFIX", "LAUNCHER_RANK_VARS", "LAUNCHER_SIZE_VARS", "LAUNCHER_VARS",
+from .setting import horovod_int
+from .settings import ALIASES, SETTINGS, by_var
+
+__all__ = ["ALIASES", "ALIAS_PREFIX", "CHECKED", "LAUNCHER_RANK_VARS", "LAUNCHER_SIZE_VARS", "LAUNCHER_VARS",
            "SLURM_INTERACTIVE_NAMES", "Config", "apply_aliases", "check_srun_world", "config", "horo_name",
            "launcher_rank", "launcher_rank0", "read_env", "resolve_aliases", "share", "srun_task",
-           "started_by_launcher"]
+           "started_by_launcher", "warn_once"]
 
 ALIAS_PREFIX = "HOROVOD_"
-#: Horovod variable families (suffixes, or suffix prefixes ending in ``_``) that horo reads under its own
-#: prefix. A family, not a list of names: knobs added later (``HORO_AUTOTUNE_LOG``,
-#: ``HORO_HIERARCHICAL_ALLGATHER``, ...) get their Horovod name without touching this module.
-ALIASED: tuple[str, ...] = ("FUSION_THRESHOLD", "CYCLE_TIME", "CACHE_CAPACITY", "TIMELINE", "STALL_",
-                            "HIERARCHICAL_", "AUTOTUNE")
+#: Set by hororun for its ranks once it has printed the warnings about the environment: no rank repeats them.
+CHECKED = "HORO_SETTINGS_CHECKED"
 #: The one list of the variables by which MPI launchers tell each process its rank, read in this order: Open
 #: MPI, MPICH and Intel MPI (hydra), PMIx, MVAPICH. SLURM's ``SLURM_PROCID`` counts only where srun started the
 #: process as one of its tasks (:func:`srun_task`): ranks of mpiexec in an allocation inherit their daemon's.
@@ -42,14 +44,18 @@ _copied: dict[str, str] = {}  # HORO_ names apply_aliases set, with the value it
 
 def horo_name(name: str) -> str | None:
     """``HORO_<X>`` for a Horovod variable ``HOROVOD_<X>`` that horo honours, else None."""
-    if not name.startswith(ALIAS_PREFIX):
-        return None
-    suffix = name[len(ALIAS_PREFIX):]
-    for family in ALIASED:
-        # "TIMELINE" covers HOROVOD_TIMELINE and HOROVOD_TIMELINE_MARK_CYCLES, not HOROVOD_TIMELINES.
-        if suffix == family.rstrip("_") or suffix.startswith(family.rstrip("_") + "_"):
-            return "HORO_" + suffix
-    return None
+    return ALIASES.get(name)
+
+
+def warn_once(key: str, message: str, environ: Mapping[str, str] | None = None) -> None:
+    """Print ``horo: warning: message`` about the environment once per process and ``key``, on the launcher's
+    rank 0 only, and not in a rank whose launcher (hororun) said it already (:data:`CHECKED`)."""
+    environ = os.environ if environ is None else environ
+    if key in _warned:
+        return
+    _warned.add(key)
+    if launcher_rank0(environ) and not environ.get(CHECKED):
+        print(f"horo: warning: {message}", file=sys.stderr, flush=True)
 
 
 def launcher_rank(environ: Mapping[str, str] | None = None) -> int | None:
@@ -144,6 +150,19 @@ def check_srun_world(size: int, environ: Mapping[str, str] | None = None) -> Non
     )
 
 
+def _alias_value(name: str, value: str, target: str, environ: Mapping[str, str]) -> str:
+    """``value`` of Horovod's ``name`` as horo's ``target`` takes it: an on/off variable as Horovod's C++ reads
+    it (its leading integer: ``true`` is 0), said once when that is not what the text looks like."""
+    setting = by_var(target)
+    if setting is None or setting.kind != "bool":
+        return value
+    read = str(int(horovod_int(value) != 0))
+    if not value.strip().lstrip("+-").isdigit():
+        warn_once(name, f"{name}={value!r} is read as {read}, as Horovod reads it (an integer is expected). "
+                  f"HINT: {name}=1 turns it on, {name}=0 off.", environ)
+    return read
+
+
 def resolve_aliases(environ: Mapping[str, str] | None = None) -> dict[str, str]:
     """The ``HORO_`` values that ``environ``'s Horovod names supply, where the ``HORO_`` name is unset.
 
@@ -153,18 +172,17 @@ def resolve_aliases(environ: Mapping[str, str] | None = None) -> dict[str, str]:
     """
     environ = os.environ if environ is None else environ
     out: dict[str, str] = {}
-    for name, value in environ.items():
+    for name, raw in environ.items():
         target = horo_name(name)
         if target is None:
             continue
+        value = _alias_value(name, raw, target, environ)
         mine = environ.get(target)
         if mine is None or mine == _copied.get(target):
             out[target] = value
-        elif mine != value and target not in _warned:
-            _warned.add(target)
-            if launcher_rank0(environ):
-                print(f"horo: warning: both {target}={mine!r} and {name}={value!r} are set; using {target}. "
-                      f"HINT: unset one of them.", file=sys.stderr, flush=True)
+        elif mine != value:
+            warn_once(target, f"both {target}={mine!r} and {name}={raw!r} are set; using {target}. "
+                      "HINT: unset one of them.", environ)
     return out
 
 
@@ -178,39 +196,17 @@ def apply_aliases(environ: MutableMapping[str, str] | None = None) -> dict[str, 
     return added
 
 
-_DEFAULTS: dict[str, float] = {
-    # Bytes: tensors below this are packed together by the engine and by grouped_allreduce; on host memory
-    # the copies cost more than fusion saves above ~1 MiB (docs/design-engine.md has the measurements).
-    "HORO_FUSION_THRESHOLD": 1 << 20,
-    # GPU buffers: device copies are cheap next to a kernel launch, so fuse much more.
-    "HORO_NCCL_FUSION_THRESHOLD": 8 << 20,
-    # Bytes per MPI call for allreduces above 8x this: cache-sized pieces ran ~4x faster than one 64 MiB
-    # call here, while a single call stays faster up to a few MiB.
-    "HORO_CHUNK_BYTES": 1 << 20,
-    # Bytes from which an out-of-place allreduce goes round horo's own ring (ring.py) instead of MPI's
-    # out-of-place Allreduce, which copies first and was the slower from here (docs/design-engine.md). 0: never.
-    "HORO_RING_MIN_BYTES": 256 << 10,
-    # ms between engine rounds while this rank has nothing pending. A parked rank wakes at once on its own
-    # submission, which any pending op needs anyway, so a long tick costs no latency; it only sets how
-    # often idle ranks report to the stall inspector, and keeps idle CPU near zero.
-    # Bytes per gradient bucket of horo.torch's gradient exchange (torch/buckets.py), as DDP's Reducer sizes
-    # them: the first bucket small so that the first exchange starts early in backward. 0: one exchange per
-    # parameter.
-    "HORO_BUCKET_BYTES": 25 << 20,
-    "HORO_FIRST_BUCKET_BYTES": 1 << 20,
-    "HORO_CYCLE_TIME": 50.0,
-    "HORO_CACHE_CAPACITY": 1024,
-    "HORO_STALL_CHECK_TIME_SECONDS": 60.0,
-    # Seconds a rank may stay blocked in one collective (or a round of the engine) before it is taken for
-    # lost peers or a silent network and the rank exits with an error (0: wait forever, Horovod's default).
-    "HORO_STALL_SHUTDOWN_TIME_SECONDS": 0.0,
-    # Seconds a peer may send no heartbeat before it is taken for lost (its host frozen, or the link to it
-    # silently cut); heartbeats run in a process of each rank's own, so a long step never trips it. 0: none.
-    "HORO_HEARTBEAT_TIMEOUT_SECONDS": 5.0,
-    # 1: reduce/gather inside each host, then across one leader per host (see hierarchy.py).
-    "HORO_HIERARCHICAL_ALLREDUCE": 0.0,
-    "HORO_HIERARCHICAL_ALLGATHER": 0.0,
-}
+#: The agreed knobs and their defaults (the settings table says why each default is what it is).
+_DEFAULTS: dict[str, float] = {s.var: float(s.default) for s in SETTINGS if s.agreed and s.var}
+
+
+#: The words an on/off ``HORO_`` variable may also be (its readers outside this module take them too).
+_BOOL_WORDS = {"true": 1.0, "yes": 1.0, "on": 1.0, "false": 0.0, "no": 0.0, "off": 0.0}
+
+
+def _is_bool(name: str) -> bool:
+    setting = by_var(name)
+    return setting is not None and setting.kind == "bool"
 
 
 class Config(dict):
@@ -234,16 +230,21 @@ def read_env(environ: Any = None) -> Config:
         try:
             value = float(raw) if raw not in (None, "") else float(default)
         except ValueError:
-            value = -1.0
+            value = _BOOL_WORDS.get(raw.strip().lower(), -1.0) if _is_bool(name) else -1.0
         if value < 0:
             # Name the variable the user actually wrote, which may be the Horovod alias.
             copied = name in aliased or (name in _copied and _copied[name] == environ.get(name))
-            src = ALIAS_PREFIX + name[len("HORO_"):] if copied else name
+            setting = by_var(name)
+            src = setting.horovod if copied and setting is not None and setting.horovod else name
             raise ValueError(
                 f"Environment variable {src} must be a non-negative number. Received: {src}={raw!r}. "
                 f"HINT: unset it to use the default {default:g}."
             )
         out[name] = value
+    if out.get("HORO_STALL_CHECK_DISABLE"):
+        # Horovod's stall check off: no stall warning and no stall shutdown (the watchdog's included).
+        out["HORO_STALL_CHECK_TIME_SECONDS"] = math.inf
+        out["HORO_STALL_SHUTDOWN_TIME_SECONDS"] = 0.0
     return out
 
 

@@ -29,12 +29,14 @@ class Timeline:
         self._buf: list[dict[str, Any]] = []
         self.t0 = time.perf_counter()
         self.pid = 0
+        self.mark_cycles = False  # Horovod's: an instant CYCLE_START event at each engine round that runs ops
 
     @property
     def active(self) -> bool:
         return self._file is not None
 
-    def start(self, path: str, pid: int = 0) -> None:
+    def start(self, path: str, pid: int = 0, mark_cycles: bool = False) -> None:
+        self.mark_cycles = mark_cycles
         with self._lock:
             self._close_locked()
             directory = os.path.dirname(os.path.abspath(path))
@@ -69,6 +71,13 @@ class Timeline:
                 event["args"] = args
             self._buf.append(event)
 
+    def cycle(self, at_us: float) -> None:
+        """Mark the start of an engine round, when asked to (``mark_cycles``)."""
+        if self._file is not None and self.mark_cycles:
+            with self._lock:
+                self._buf.append({"name": "CYCLE_START", "ph": "i", "s": "g", "pid": self.pid, "tid": 0,
+                                  "ts": round(at_us, 3)})
+
     def flush(self) -> None:
         with self._lock:
             if self._file is None or not self._buf:
@@ -98,10 +107,11 @@ timeline = Timeline()
 
 
 def start_timeline(file_path: str, mark_cycles: bool = False) -> None:
-    """Start writing a timeline to ``file_path`` (rank 0 writes; other ranks ignore the call)."""
+    """Start writing a timeline to ``file_path`` (rank 0 writes; other ranks ignore the call); ``mark_cycles``:
+    an instant ``CYCLE_START`` event at each engine round that runs operations."""
     st = require_init("start_timeline()")
     if st.world.Get_rank() == 0:
-        timeline.start(file_path, pid=0)
+        timeline.start(file_path, pid=0, mark_cycles=bool(mark_cycles))
 
 
 def stop_timeline() -> None:

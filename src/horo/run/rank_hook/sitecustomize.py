@@ -120,11 +120,52 @@ def _name_elastic_host() -> None:
         env["HOROVOD_HOSTNAME"] = name
 
 
+def _first(env: dict[str, str] | os._Environ[str], *names: str) -> str | None:
+    return next((env[n] for n in names if env.get(n, "").isdigit()), None)
+
+
+def _horovod_rank_variables() -> None:
+    """Horovod's launcher's rank variables (``HOROVOD_RANK``, ...), from the MPI launcher's (Open MPI's, else
+    hydra's), before the program runs; ``init()`` sets them again from its communicators. The host is the
+    machine's name; the cross rank and size only when every rank is on this host (else ``init()`` knows). In
+    an elastic job the workers' launcher ranks are not the world's: there only ``init()`` sets them."""
+    env = os.environ
+    if env.get("HORO_ELASTIC_DRIVER"):
+        return
+    rank = _first(env, "OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK")
+    size = _first(env, "OMPI_COMM_WORLD_SIZE", "PMI_SIZE")
+    local_rank = _first(env, "OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID")
+    local_size = _first(env, "OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS")
+    if rank is None or size is None:
+        return
+    found = {"HOROVOD_RANK": rank, "HOROVOD_SIZE": size, "HOROVOD_LOCAL_RANK": local_rank,
+             "HOROVOD_LOCAL_SIZE": local_size}
+    if local_size == size:
+        found.update(HOROVOD_CROSS_RANK="0", HOROVOD_CROSS_SIZE="1")
+    import socket
+
+    found["HOROVOD_HOSTNAME"] = env.get("HORO_HOSTNAME") or socket.gethostname()
+    env.update({k: v for k, v in found.items() if v is not None})
+
+
+def _announce_start() -> None:
+    """With ``--start-timeout``, tell hororun that this rank's Python runs: its mark (a per-job random word)
+    and the rank, on stderr, which hororun counts and takes out of the output."""
+    mark = os.environ.get("HORO_START_MARK")
+    rank = _first(os.environ, "OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK")
+    if mark and rank is not None:
+        with contextlib.suppress(OSError, ValueError):
+            sys.stderr.write(f"{mark} {rank}\n")
+            sys.stderr.flush()
+
+
 def install() -> None:
     """Wrap ``sys.excepthook``, ``sys.exit``, ``exit`` and ``quit``; line-buffer stdout and stderr; name an
-    elastic worker's host."""
+    elastic worker's host; set Horovod's rank variables; announce the start when hororun waits for it."""
     _line_buffer_output()
     _name_elastic_host()
+    _horovod_rank_variables()
+    _announce_start()
     orig_hook = sys.excepthook
     orig_exit = sys.exit
 

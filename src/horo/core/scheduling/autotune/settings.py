@@ -12,6 +12,8 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
+from ...base.settings import ALIASES
+
 __all__ = ["AutotuneOptions", "BUCKET_KNOB_PREFIX", "CATEGORICAL", "Knobs", "KNOB_ENV", "read_options",
            "explicit_knobs", "parse_start", "start_knobs"]
 
@@ -31,21 +33,8 @@ BUCKET_KNOB_PREFIX = "horo.bucket."
 #: the on/off knobs, tried after the continuous search (Horovod's categorical parameters)
 CATEGORICAL = ("cache_enabled", "hierarchical_allreduce", "hierarchical_allgather")
 
-# horo name -> Horovod name accepted as an alias (the horo name wins when both are set).
-_ALIASES: dict[str, str] = {
-    "HORO_AUTOTUNE": "HOROVOD_AUTOTUNE",
-    "HORO_AUTOTUNE_LOG": "HOROVOD_AUTOTUNE_LOG",
-    "HORO_AUTOTUNE_WARMUP_SAMPLES": "HOROVOD_AUTOTUNE_WARMUP_SAMPLES",
-    "HORO_AUTOTUNE_STEPS_PER_SAMPLE": "HOROVOD_AUTOTUNE_STEPS_PER_SAMPLE",
-    "HORO_AUTOTUNE_BAYES_OPT_MAX_SAMPLES": "HOROVOD_AUTOTUNE_BAYES_OPT_MAX_SAMPLES",
-    "HORO_AUTOTUNE_GAUSSIAN_PROCESS_NOISE": "HOROVOD_AUTOTUNE_GAUSSIAN_PROCESS_NOISE",
-    "HORO_AUTOTUNE_CACHE": "HOROVOD_AUTOTUNE_CACHE",
-    "HORO_FUSION_THRESHOLD": "HOROVOD_FUSION_THRESHOLD",
-    "HORO_CYCLE_TIME": "HOROVOD_CYCLE_TIME",
-    "HORO_CACHE_CAPACITY": "HOROVOD_CACHE_CAPACITY",
-    "HORO_HIERARCHICAL_ALLREDUCE": "HOROVOD_HIERARCHICAL_ALLREDUCE",
-    "HORO_HIERARCHICAL_ALLGATHER": "HOROVOD_HIERARCHICAL_ALLGATHER",
-}
+# horo name -> Horovod name accepted as an alias (the horo name wins when both are set): the settings table's.
+_ALIASES: dict[str, str] = {horo: horovod for horovod, horo in ALIASES.items()}
 _TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off", "")
 
 

@@ -1,0 +1,117 @@
+"""The settings only a variable sets (part of ``settings``' table): horo's own knobs without a flag, Horovod's
+runtime variables without one, and the variables horo sets for each rank, as Horovod's launcher does."""
+
+from __future__ import annotations
+
+from .setting import Setting
+
+__all__ = ["VARIABLES"]
+
+_V = "variables"
+_GLOO = "horo runs on MPI, not Gloo"
+_SPARK = "set by Horovod's Spark runner for its own tasks; horo.spark starts its tasks itself"
+
+_HORO: tuple[Setting, ...] = (
+    # Cache-sized pieces ran ~4x faster than one 64 MiB call here, while a single call stays faster up to a few
+    # MiB (docs/design-engine.md).
+    Setting("chunk_bytes", _V, "bytes per MPI call for allreduces larger than 8x this", var="HORO_CHUNK_BYTES",
+            kind="int", default="1048576", note="16 MiB across hosts", reader="the MPI transport", agreed=True,
+            topic="engine"),
+    # horo's ring (ring.py) was the faster from here (docs/design-engine.md).
+    Setting("ring_min_bytes", _V, "out-of-place allreduces from this size go round horo's own ring instead of "
+            "MPI's out-of-place `Allreduce`, which copies first; 0: never", var="HORO_RING_MIN_BYTES", kind="int",
+            default="262144", note="0 across hosts", reader="the MPI transport", agreed=True, topic="engine"),
+    Setting("adasum_blas", _V, "1: Adasum's arithmetic through the BLAS inside numpy's wheel (faster; see "
+            "[Adasum](adasum.md))", var="HORO_ADASUM_BLAS", kind="bool", default="0", reader="Adasum",
+            topic="engine"),
+    # Heartbeats run in a process of each rank's own, so a long step never trips it.
+    Setting("heartbeat_timeout", _V, "a peer that sends no heartbeat this long (a frozen host, a silently cut "
+            "link) ends the job on every reachable rank, naming it; in an elastic job its host is dropped and "
+            "the job goes on from the last commit. Heartbeats run in a small process of each rank's own: a long "
+            "step never trips it. 0: off", var="HORO_HEARTBEAT_TIMEOUT_SECONDS", kind="float", default="5",
+            reader="the heartbeat process", agreed=True, topic="failures"),
+    Setting("abort_on_error", _V, "abort the MPI job on an uncaught exception (size > 1), so no rank waits for a "
+            "dead one", var="HORO_ABORT_ON_ERROR", kind="bool", default="1", reader="init()", topic="failures"),
+    Setting("nccl_fusion_threshold", _V, "fusion size for GPU tensors: device copies are cheap next to a kernel "
+            "launch", var="HORO_NCCL_FUSION_THRESHOLD", kind="int", default="8388608", reader="the NCCL backend",
+            agreed=True, topic="gpus"),
+    Setting("gpu_operations", _V, "`MPI`: stage GPU tensors through host memory instead of NCCL (a build "
+            "option in Horovod, a run-time switch in horo)", var="HORO_GPU_OPERATIONS",
+            horovod="HOROVOD_GPU_OPERATIONS", kind="choice", choices=("NCCL", "MPI"), note="NCCL when usable",
+            reader="the GPU backend", topic="gpus"),
+    # As DDP's Reducer sizes them: the first bucket small, so the first exchange starts early in backward.
+    Setting("bucket_bytes", _V, "`horo.torch` gradient bucket size (DDP's 25 MiB); 0: one exchange per "
+            "parameter. Autotune tunes it unless set by hand ([Autotune](autotune.md#the-bucket-size))",
+            var="HORO_BUCKET_BYTES", kind="int", default="26214400", reader="horo.torch", agreed=True,
+            topic="gpus"),
+    Setting("first_bucket_bytes", _V, "the first gradient bucket's size (DDP's 1 MiB)",
+            var="HORO_FIRST_BUCKET_BYTES", kind="int", default="1048576", reader="horo.torch", agreed=True,
+            topic="gpus"),
+    Setting("launcher", _V, "how a Lightning strategy run as plain `python` starts its ranks: `spawn` (this "
+            "process is rank 0, MPI spawns the others), or `hororun` / `mpiexec` (the script runs again on every "
+            "rank; always so across nodes and in a SLURM allocation)", var="HORO_LAUNCHER", kind="choice",
+            choices=("spawn", "hororun", "mpiexec"), default="spawn", reader="horo.lightning", topic="launching"),
+    Setting("spark_start_timeout", _V, "seconds for horo.spark's tasks to start", var="HORO_SPARK_START_TIMEOUT",
+            horovod="HOROVOD_SPARK_START_TIMEOUT", kind="float", default="600", reader="horo.spark",
+            topic="launching"),
+)
+
+#: Horovod's runtime variables that no flag sets, read as Horovod reads them or warned about.
+_HOROVOD: tuple[Setting, ...] = (
+    Setting("cpu_operations", _V, "Horovod's host-memory collectives library", horovod="HOROVOD_CPU_OPERATIONS",
+            kind="choice", fixed="MPI", why="horo's host-memory collectives are MPI's"),
+    Setting("disable_group_fusion", _V, "Horovod's fusion of grouped ops", horovod="HOROVOD_DISABLE_GROUP_FUSION",
+            kind="bool", why="horo fuses a group's tensors as one request; it has no switch for it"),
+    Setting("enable_xla_ops", _V, "Horovod's XLA ops", horovod="HOROVOD_ENABLE_XLA_OPS", kind="bool",
+            why="horo.tensorflow's collectives do not run inside XLA (jit_compile=True raises)"),
+    Setting("enable_async_completion", _V, "Horovod's asynchronous GPU completion",
+            horovod="HOROVOD_ENABLE_ASYNC_COMPLETION", kind="bool",
+            why="horo's NCCL collectives are ordered on the framework's stream; there is nothing to complete"),
+    Setting("batch_d2d_memcopies", _V, "Horovod's batched device copies", horovod="HOROVOD_BATCH_D2D_MEMCOPIES",
+            kind="bool", why="horo packs GPU fusion buffers with its own kernels"),
+    Setting("adasum_mpi_chunk_size", _V, "Horovod's Adasum MPI chunk", horovod="HOROVOD_ADASUM_MPI_CHUNK_SIZE",
+            kind="int", why="horo's Adasum exchanges whole tensors"),
+    Setting("ccl_cache", _V, "Intel oneCCL's cache", horovod="HOROVOD_CCL_CACHE", kind="bool",
+            why="horo does not use oneCCL"),
+    Setting("dynamic_process_sets", _V, "process sets added and removed after init()",
+            horovod="HOROVOD_DYNAMIC_PROCESS_SETS", kind="bool", fixed="1",
+            why="horo always allows adding and removing process sets"),
+    Setting("disable_nvtx_ranges", _V, "Horovod's NVTX ranges", horovod="HOROVOD_DISABLE_NVTX_RANGES", kind="bool",
+            fixed="1", why="horo emits no NVTX ranges"),
+    Setting("gloo_iface", _V, "Horovod's Gloo interface", horovod="HOROVOD_GLOO_IFACE", why=_GLOO),
+    Setting("gloo_rendezvous_addr", _V, "Horovod's Gloo rendezvous", horovod="HOROVOD_GLOO_RENDEZVOUS_ADDR",
+            why=_GLOO),
+    Setting("gloo_rendezvous_port", _V, "Horovod's Gloo rendezvous", horovod="HOROVOD_GLOO_RENDEZVOUS_PORT",
+            why=_GLOO),
+    Setting("elastic", _V, "Horovod's elastic worker mark", horovod="HOROVOD_ELASTIC", kind="bool",
+            why="set by horovodrun for its elastic workers; hororun --min-np or --host-discovery-script starts an "
+            "elastic job"),
+    Setting("secret_key", _V, "Horovod's launcher key", horovod="HOROVOD_SECRET_KEY",
+            why="Horovod's launcher's own; horo's launchers make a key per job and never put it in a variable "
+            "the user sets"),
+    Setting("spark_pythonpath", _V, "Horovod's Spark task path", horovod="HOROVOD_SPARK_PYTHONPATH", why=_SPARK),
+    Setting("spark_work_dir", _V, "Horovod's Spark task directory", horovod="HOROVOD_SPARK_WORK_DIR", why=_SPARK),
+    Setting("spark_use_local_rank_gpu_index", _V, "Horovod's Spark GPU choice",
+            horovod="HOROVOD_SPARK_USE_LOCAL_RANK_GPU_INDEX", kind="bool",
+            why="horo.spark leaves the GPU to the task; use hvd.local_rank() to pick one"),
+)
+
+_R = "rank"
+#: What horo sets for each rank, with Horovod's gloo launcher's names: from the launcher's variables when the
+#: process starts (under hororun), and exactly, from the communicators, at init() (elastic changes included).
+_RANK: tuple[Setting, ...] = (
+    Setting("horovod_rank", _R, "this process's rank", horovod="HOROVOD_RANK", kind="int", reader="set"),
+    Setting("horovod_size", _R, "the number of ranks", horovod="HOROVOD_SIZE", kind="int", reader="set"),
+    Setting("horovod_local_rank", _R, "the rank among those on this host", horovod="HOROVOD_LOCAL_RANK",
+            kind="int", reader="set"),
+    Setting("horovod_local_size", _R, "the ranks on this host", horovod="HOROVOD_LOCAL_SIZE", kind="int",
+            reader="set"),
+    Setting("horovod_cross_rank", _R, "the host's index among the hosts with a rank of this local rank",
+            horovod="HOROVOD_CROSS_RANK", kind="int", reader="set"),
+    Setting("horovod_cross_size", _R, "the hosts with a rank of this local rank", horovod="HOROVOD_CROSS_SIZE",
+            kind="int", reader="set"),
+    Setting("horovod_hostname", _R, "this rank's host: its name in an elastic job's host list, else the "
+            "machine's host name", horovod="HOROVOD_HOSTNAME", reader="set"),
+)
+
+VARIABLES: tuple[Setting, ...] = _HORO + _HOROVOD + _RANK
