@@ -162,6 +162,17 @@ def test_the_front_pages_link_to_the_matrix_and_copy_no_status(page: str) -> Non
     assert not status, f"{page} holds a status table; link to docs/support.md instead:\n" + "\n".join(status)
 
 
+def test_the_gpu_run_is_the_one_the_benchmarks_record() -> None:
+    """The date, commit and result of the GPU run the matrix states are those of docs/benchmarks.md's GPU run."""
+    said = re.search(r"\*\*GPU\*\*:.*?(20\d\d-\d\d-\d\d), commit ([0-9a-f]{7}); (\d+ passed, \d+ skipped)",
+                     SUPPORT.read_text(encoding="utf-8"), re.DOTALL)
+    assert said, "docs/support.md does not say when the GPU checks ran, at which commit, with what result"
+    bench = (ROOT / "docs" / "benchmarks.md").read_text(encoding="utf-8")
+    section = bench.split("## The GPU path's host time per call", 1)[1].split("\n## ", 1)[0]
+    assert f"| {said.group(1)} | {said.group(2)} |" in section, "docs/benchmarks.md records another GPU run"
+    assert f"`pytest tests/gpu` in the same run: {said.group(3)}" in section, section[-400:]
+
+
 SYNTHETIC = '''
 import pytest
 
