@@ -188,7 +188,16 @@ HISTORY: dict[str, re.Pattern[str]] = {
     "a moment of the work": re.compile(r"\bin the same hour\b|\bsite note\b|\bbuilding the bed\b|"
                                        r"\buntil this was\b|\bhung on the\b|\bonce hung\b", re.IGNORECASE),
     "a change of behaviour": re.compile(r"\b(?:horo|hororun|it|this) (?:no longer|now does|used to)\b|"
-                                        r"\b(?:lent|available|run|tested) so far\b|\bseed \d{3}\b", re.IGNORECASE),
+                                        r"\b(?:lent|available|run|tested) so far\b|\bseed \d{3}\b|\bnow also\b",
+                                        re.IGNORECASE),
+    "a fix told as history": re.compile(r"\b(?:were|was) in the way\b|\bbugs?\b[^.]*\b(?:are|were|was) fixed\b|"
+                                        r"\bwas fixed\b|\b(?:the|its) old code\b|\bthe code without (?:it|its|this)\b|"
+                                        r"\btried and dropped\b|\btried first\b|\bwas tried\b|"
+                                        r"\b(?:first|earlier|old|previous) version of the (?:test|code)\b|"
+                                        r"\b(?:pass|passes|works?) again\b", re.IGNORECASE),
+    "who had which machine": re.compile(r"\bno \w+(?: \w+){0,4} (?:was|were) available\b|"
+                                        r"\b(?:was|were) not available\b|\buntested here\b", re.IGNORECASE),
+    "a before and after": re.compile(r"\bwent (?:from )?[-+]?\d|\bas before\b", re.IGNORECASE),
 }
 
 
@@ -213,20 +222,59 @@ HISTORY: dict[str, re.Pattern[str]] = {
     ("an earlier layer of the model", False),
     ("the load average is given with each run", False),
     ("Before an eager collective horo calls jax.effects_barrier()", False),
+    ("Two bugs were in the way and are fixed: elastic mode did not pass", True),
+    ("A 1 ms grace was tried first. In one run of four it lost ~18 µs", True),
+    ("call for any array (it used to take the general path above 64 KiB)", True),
+    ("| several GPUs | not run: no machine with two GPUs was available |", True),
+    ("**Not run: no Kubernetes cluster was available.**", True),
+    ("each fails on the code without its fix", True),
+    ("and fails on the old code in every trial", True),
+    ("### Tried and dropped: a blocking exchange", True),
+    ("`repeat.run` at one rank went 3.42 → 2.09 µs", True),
+    ("Everything that notifies the engine now also counts", True),
+    ("the caller waits for it as before, so work", True),
+    ("Untested here (no GPU cluster).", True),
+    ("and the first version of the test failed once on that order", True),
+    ("After the core was split into layers all 16 runs pass again, slower", True),
+    ("the first version of the file format is read as well", False),
+    ("a rank that passes the barrier again waits for the next round", False),
+    ("the name no longer waits, so no record outlives it", False),
+    ("names that are not cached yet (first use)", False),
+    ("the order is fixed at init and the sizes are fixed", False),
+    ("when a GPU is available, each rank takes its own", False),
+    ("a 4 MiB in-place call slowed down ~5x (452 → 2337 µs)", False),
 ])
 def test_the_history_check_is_precise(line: str, caught: bool) -> None:
     assert any(p.search(line) for p in HISTORY.values()) is caught
 
 
-def test_the_guides_state_what_is_true_now() -> None:
+#: Pages that still narrate (each a strict xfail: it fails once the page is fixed, until the mark goes).
+HISTORY_PENDING = {
+    "docs/design-elastic.md": "'Two bugs were in the way and are fixed', 'horo now does the same', 'the first "
+                              "version of the test failed', 'all 16 runs pass again', 'measured here'",
+    "docs/cluster.md": "'no Kubernetes cluster was available'",
+    "docs/spark.md": "'Untested here (no GPU cluster)'",
+}
+
+
+def _history_pages() -> list[str]:
+    pages = [ROOT / "README.md", ROOT / "CHANGELOG.md", *sorted((ROOT / "docs").rglob("*.md"))]
+    return [p.relative_to(ROOT).as_posix() for p in pages]
+
+
+@pytest.mark.parametrize("page", [
+    pytest.param(p, marks=pytest.mark.xfail(strict=True, reason=f"{p} does not pass yet: "
+                                                                f"{HISTORY_PENDING[p]}"))
+    if p in HISTORY_PENDING else p for p in _history_pages()])
+def test_the_pages_state_what_is_true_now(page: str) -> None:
+    """Every page, guides and design notes alike: how things work and what is tested, not how they came to be."""
     found = []
-    for p in [ROOT / "README.md", BENCHMARKS, *_guides()]:
-        for n, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1):
-            for what, pattern in HISTORY.items():
-                m = pattern.search(line)
-                if m:
-                    found.append(f"{p.relative_to(ROOT)}:{n}: {what}: {m.group(0)!r} in {line.strip()[:100]!r}")
-    assert not found, "a guide narrates the project's history; state what is true now:\n" + "\n".join(found)
+    for n, line in enumerate((ROOT / page).read_text(encoding="utf-8").splitlines(), 1):
+        for what, pattern in HISTORY.items():
+            m = pattern.search(line)
+            if m:
+                found.append(f"{page}:{n}: {what}: {m.group(0)!r} in {line.strip()[:100]!r}")
+    assert not found, "a page narrates the project's history; state what is true now:\n" + "\n".join(found)
 
 
 def test_the_guides_are_short() -> None:

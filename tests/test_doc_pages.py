@@ -1,0 +1,300 @@
+"""Checks across the documentation's pages: what one page says of another, and of the code, holds.
+
+- a link names the page it goes to by that page's title (its title in mkdocs.yml's nav, or its first
+  heading), or by the heading of the section it goes to; a link in running prose (its text starts in lower
+  case) may say what it likes;
+- a guide that shows how to install `horo-mpi` says where it comes from (it is not on the package index: a
+  checkout or a wheel, which docs/install.md shows);
+- docs/install.md lists every extra pyproject.toml declares;
+- docs/configuration.md names every `HORO_`/`HOROVOD_` variable the code reads, with the code's default;
+- `make demo` runs every example, as the pages that mention it say; no guide but the support matrix holds a
+  status table.
+
+A check a page does not pass yet is marked `xfail(strict=True)`, saying what that page lacks: once the page is
+fixed the check fails until the mark goes.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import re
+import unicodedata
+from pathlib import Path
+
+import pytest
+import tomllib
+
+ROOT = Path(__file__).resolve().parent.parent
+DOCS = ROOT / "docs"
+
+LINK = re.compile(r"(?<!!)\[([^\]]+)\]\(([^)\s]+)\)")
+FENCE = re.compile(r"^```.*?^```", re.MULTILINE | re.DOTALL)
+
+
+def _pending(page: str, why: str) -> pytest.MarkDecorator:
+    return pytest.mark.xfail(strict=True, reason=f"{page} does not pass yet: {why}")
+
+
+def _nav() -> tuple[dict[str, str], dict[str, str]]:
+    """{page: its nav title} and {page: the nav section it opens}, read from mkdocs.yml."""
+    titles, opens, section = {}, {}, None
+    for line in (ROOT / "mkdocs.yml").read_text(encoding="utf-8").splitlines():
+        m = re.match(r"^(\s*)- ([^:]+):\s*(\S*)$", line)
+        if not m:
+            continue
+        if len(m.group(1)) == 2 and not m.group(3):
+            section = m.group(2)
+        elif m.group(3).endswith(".md"):
+            titles[m.group(3)] = m.group(2)
+            if section:
+                opens[m.group(3)] = section
+                section = None
+    return titles, opens
+
+
+def _plain(text: str) -> str:
+    return " ".join(text.replace("`", "").split())
+
+
+def _slug(heading: str) -> str:
+    """The anchor MkDocs gives a heading (Python-Markdown's toc slugify)."""
+    text = unicodedata.normalize("NFKD", _plain(heading)).encode("ascii", "ignore").decode()
+    return re.sub(r"[-\s]+", "-", re.sub(r"[^\w\s-]", "", text).strip().lower())
+
+
+def _headings(page: Path) -> list[str]:
+    text = FENCE.sub("", page.read_text(encoding="utf-8"))
+    return [m.group(1) for m in re.finditer(r"^#+ (.+?)\s*$", text, re.MULTILINE)]
+
+
+def _link_problems(page: Path, text: str | None = None) -> list[str]:
+    """Links of ``page`` (or of ``text``, read as if it were ``page``) whose text is not their target's title."""
+    titles, opens = _nav()
+    problems = []
+    text = FENCE.sub("", page.read_text(encoding="utf-8") if text is None else text)
+    for m in LINK.finditer(text):
+        label, target = _plain(m.group(1)), m.group(2)
+        path, _, anchor = target.partition("#")
+        if re.match(r"[a-z]+:", target) or not path.endswith(".md") or label[:1].islower():
+            continue
+        dest = (page.parent / path).resolve()
+        if not dest.is_file():
+            continue  # the strict site build reports broken links
+        rel = dest.relative_to(DOCS).as_posix() if DOCS in dest.parents else dest.name
+        heads = _headings(dest)
+        names = {_plain(n) for n in (titles.get(rel), opens.get(rel), heads[0] if heads else None) if n}
+        section = next((_plain(h) for h in heads if _slug(h) == anchor), None) if anchor else None
+        base = label[:-2] if label.endswith("'s") else label
+        if base in names or (section and base == section) or any(base.startswith(f"{n}, ") for n in names):
+            continue
+        problems.append(f"{page.relative_to(ROOT)}: [{label}]({target}): the page is {sorted(names)}"
+                        + (f", the section {section!r}" if section else ""))
+    return problems
+
+
+LINK_PAGES = sorted(p.relative_to(ROOT).as_posix() for p in [ROOT / "README.md", *DOCS.rglob("*.md")])
+LINKS_PENDING = {
+    "docs/migrating.md": "[Keras](keras.md) and [TensorFlow gradients](tensorflow.md#gradients-of-the-collectives)",
+    "docs/install.md": "[Keras 2](keras.md#keras-2-tf_keras): the section is 'Keras 2 (tf_keras)'",
+}
+
+
+@pytest.mark.parametrize("page", [pytest.param(p, marks=_pending(p, LINKS_PENDING[p])) if p in LINKS_PENDING else p
+                                  for p in LINK_PAGES])
+def test_links_name_their_pages_by_title(page: str) -> None:
+    problems = _link_problems(ROOT / page)
+    assert not problems, "links whose text is not the title of the page (or section) they go to:\n" \
+        + "\n".join(problems)
+
+
+@pytest.mark.parametrize(("label", "target", "ok"), [
+    ("Keras model.fit", "keras.md", True),
+    ("Keras `model.fit` on several ranks", "keras.md", True),
+    ("Keras and TensorFlow", "keras.md", False),
+    ("Design notes", "design-engine.md", True),
+    ("Lightning Trainer and Fabric, elastic training", "torch-lightning.md#elastic-training", True),
+    ("Elastic training", "torch-lightning.md#elastic-training", True),
+    ("Gradient buckets", "design-gpu.md#gradient-buckets-and-prepared-calls", False),
+    ("the design note", "design-engine.md", True),
+])
+def test_the_link_check_is_precise(label: str, target: str, ok: bool) -> None:
+    assert (not _link_problems(DOCS / "probe.md", f"# probe\n\nSee [{label}]({target}).\n")) is ok
+
+
+# ---- Where horo-mpi comes from ----
+
+INSTALL_LINE = re.compile(r"pip install\s+(?:-\S+\s+)*['\"]?horo-mpi\b")
+INSTALL_PENDING = {"docs/ray.md": "its install line does not say where horo-mpi comes from",
+                   "docs/spark.md": "its install line does not say where horo-mpi comes from"}
+
+
+def _install_pages() -> list[str]:
+    pages = [p for p in DOCS.glob("*.md") if p.name not in ("install.md", "contributing.md")]
+    return sorted(p.relative_to(ROOT).as_posix() for p in pages if INSTALL_LINE.search(p.read_text(encoding="utf-8")))
+
+
+@pytest.mark.parametrize("page", [pytest.param(p, marks=_pending(p, INSTALL_PENDING[p])) if p in INSTALL_PENDING
+                                  else p for p in _install_pages()])
+def test_an_install_line_says_where_horo_mpi_comes_from(page: str) -> None:
+    """`horo-mpi` is not on the package index: a page that installs it links to Install (a checkout or a wheel)."""
+    assert re.search(r"\]\(install\.md[#)]", (ROOT / page).read_text(encoding="utf-8")), \
+        f"{page} installs horo-mpi without a link to install.md, which says where it comes from"
+
+
+@_pending("docs/install.md", "its extras table lacks `spark`")
+def test_install_lists_every_extra() -> None:
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]["optional-dependencies"]
+    page = (DOCS / "install.md").read_text(encoding="utf-8")
+    missing = sorted(e for e in extras if f"`{e}`" not in page)
+    assert not missing, f"extras pyproject.toml declares that docs/install.md does not list: {missing}"
+
+
+# ---- Every variable the code reads is in configuration.md, with its default ----
+
+ENV_NAME = re.compile(r"^HORO(?:VOD)?_[A-Z0-9]+(?:_[A-Z0-9]+)*$")
+#: Variables horo's launchers set for the processes they start; a user never sets them.
+SET_BY_HORO = {
+    "HORO_ELASTIC_ASSIGN", "HORO_ELASTIC_DRIVER", "HORO_ELASTIC_SECRET", "HORO_ELASTIC_MIN_NP", "HORO_ELASTIC_MAX_NP",
+    "HORO_ELASTIC_RESET_LIMIT", "HORO_ELASTIC_RESET_BASE", "HORO_ELASTIC_RESUME", "HORO_ELASTIC_KEEP_STATE",
+    "HORO_HOSTNAME", "HOROVOD_HOSTNAME", "HORO_SELF_LAUNCHED", "HORO_JOIN_RANK", "HORO_JOIN_SIZE",
+    "HORO_JOIN_LOCAL_RANK", "HORO_JOIN_ADDR", "HORO_JOIN_SECRET", "HORO_JOIN_LAUNCHER", "HORO_JOIN_TABLE",
+    "HORO_JOIN_AGENTS",
+}
+
+
+def _docstring_ids(tree: ast.Module) -> set[int]:
+    found = set()
+    for node in ast.walk(tree):
+        body = getattr(node, "body", None)
+        first = body[0] if isinstance(body, list) and body else None
+        if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant):
+            found.add(id(first.value))
+    return found
+
+
+def _constants(tree: ast.Module) -> dict[str, object]:
+    return {t.id: n.value.value for n in tree.body if isinstance(n, ast.Assign) and isinstance(n.value, ast.Constant)
+            for t in n.targets if isinstance(t, ast.Name)}
+
+
+def read_variables() -> dict[str, set[str]]:
+    """Every `HORO_`/`HOROVOD_` name in src/horo's code (not its docstrings), with the defaults its readers give
+    (`.get(NAME, default)`, a module constant as the default included, and the core's table of defaults)."""
+    names: dict[str, set[str]] = {}
+    for path in sorted((ROOT / "src" / "horo").rglob("*.py")):
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        docs, constants = _docstring_ids(tree), _constants(tree)
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docs \
+                    and ENV_NAME.match(node.value):
+                names.setdefault(node.value, set())
+            if isinstance(node, ast.Call) and len(node.args) == 2 and isinstance(node.func, ast.Attribute) \
+                    and node.func.attr == "get" and isinstance(node.args[0], ast.Constant) \
+                    and isinstance(node.args[0].value, str) and ENV_NAME.match(node.args[0].value):
+                default = node.args[1]
+                value = default.value if isinstance(default, ast.Constant) else \
+                    constants.get(default.id, ...) if isinstance(default, ast.Name) else ...
+                if value is not ...:
+                    names.setdefault(node.args[0].value, set()).add(str(value))
+    config = importlib.import_module("horo.core.base.config")
+    for name, default in config._DEFAULTS.items():
+        names[name] = {str(int(default)) if float(default).is_integer() else str(default)}
+    return names
+
+
+def _documented(page: str) -> dict[str, str]:
+    """{variable: its default cell} for each table row of configuration.md naming one; families (`X_*`) too."""
+    found = {}
+    for line in page.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")] if line.startswith("|") else []
+        for name in re.findall(r"`(HORO(?:VOD)?_[A-Z0-9_]+\*?)`", cells[0] if cells else ""):
+            found[name] = cells[1] if len(cells) > 2 else ""
+    for name in re.findall(r"`(HORO(?:VOD)?_[A-Z0-9_]+\*?)`", page):
+        found.setdefault(name, "")
+    return found
+
+
+def _default_matches(cell: str, defaults: set[str]) -> bool:
+    first = cell.replace("`", "").split(" ")[0] if cell else ""
+    if not first or not defaults:
+        return True
+    if first == "unset":
+        return defaults <= {"", "None"}
+    try:
+        return any(float(first) == float(d) for d in defaults)
+    except ValueError:
+        return first in defaults
+
+
+@pytest.mark.parametrize(("cell", "defaults", "ok"), [
+    ("1048576 (16 MiB across hosts)", {"1048576"}, True),
+    ("0 (off)", {"0"}, True),
+    ("`spawn`", {"hororun", "spawn"}, True),
+    ("unset", {"NCCL"}, False),
+    ("unset", set(), True),
+    ("5", {"6"}, False),
+    ("", {"120"}, True),
+])
+def test_the_default_check_is_precise(cell: str, defaults: set[str], ok: bool) -> None:
+    assert _default_matches(cell, defaults) is ok
+
+
+def test_the_variables_the_code_reads_are_found_with_their_defaults() -> None:
+    """The reader behind the configuration check finds variables, and defaults, wherever the code keeps them."""
+    found = read_variables()
+    assert found["HORO_JOIN_TIMEOUT"] == {"120"} and found["HORO_TF_KERNEL"] == {"auto"}  # .get(NAME, literal)
+    assert found["HORO_LAUNCHER"] == {"hororun", "spawn"}  # .get(NAME, a module constant) too
+    assert found["HORO_FUSION_THRESHOLD"] == {"1048576"} and found["HORO_CYCLE_TIME"] == {"50"}  # the core's table
+    assert {"HORO_JOIN_PORT", "HORO_CACHE_DIR", "HOROVOD_SPARK_START_TIMEOUT"} <= set(found)
+    assert not [n for n in found if n.startswith("HORO_KERAS_BENCH")], "a printed marker is not a variable"
+
+
+@_pending("docs/configuration.md", "it lacks HORO_JOIN_PORT, HORO_JOIN_TIMEOUT, HORO_CACHE_DIR, HORO_TF_KERNEL, "
+          "HORO_SPARK_START_TIMEOUT and others, and gives HORO_GPU_OPERATIONS's default as unset")
+def test_configuration_names_every_variable_with_its_default() -> None:
+    page = (DOCS / "configuration.md").read_text(encoding="utf-8")
+    documented = _documented(page)
+    families = [n[:-1] for n in documented if n.endswith("*")]
+    config = importlib.import_module("horo.core.base.config")
+
+    def named(name: str) -> bool:
+        return name in documented or any(name.startswith(f) for f in families)
+
+    missing, wrong = [], []
+    for name, defaults in sorted(read_variables().items()):
+        if name in SET_BY_HORO:
+            continue
+        twin = config.horo_name(name)  # a Horovod name read as its HORO_ twin, where the page says so
+        if twin and named(twin) and "HOROVOD_<X>" in page:
+            continue
+        if not named(name):
+            missing.append(name)
+        elif name in documented and not _default_matches(documented[name], defaults):
+            wrong.append(f"{name}: the page says {documented[name]!r}, the code {sorted(defaults)}")
+    assert not missing and not wrong, f"variables the code reads that configuration.md lacks: {missing}\n" \
+        f"defaults that differ from the code's: {wrong}"
+
+
+# ---- make demo, and status tables ----
+
+@_pending("Makefile", "the demo target leaves out examples/torch_train.py, tf_custom_loop.py and adasum_torch.py, "
+          "while docs/contributing.md says it runs every example")
+def test_make_demo_runs_every_example() -> None:
+    makefile = (ROOT / "Makefile").read_text(encoding="utf-8")
+    demo = makefile.split("\ndemo:", 1)[1].split("\n\n", 1)[0]
+    left_out = sorted(p.name for p in (ROOT / "examples").glob("*.py") if f"examples/{p.name}" not in demo)
+    assert not left_out, f"examples `make demo` does not run: {left_out}"
+
+
+STATUS_HEADER = re.compile(r"^(?:status|tested on|tested)$", re.IGNORECASE)
+
+
+@pytest.mark.parametrize("page", [pytest.param(p, marks=_pending(p, "its launcher table has a 'tested on' column"))
+                                  if p == "docs/cluster.md" else p
+                                  for p in sorted(q.relative_to(ROOT).as_posix() for q in DOCS.glob("*.md"))
+                                  if p != "docs/support.md"])
+def test_only_the_support_matrix_holds_a_status_table(page: str) -> None:
+    headers = [line for line in (ROOT / page).read_text(encoding="utf-8").splitlines()
+               if line.startswith("|") and any(STATUS_HEADER.match(c.strip()) for c in line.strip("|").split("|"))]
+    assert not headers, f"{page} holds a status table ({headers[0]!r}): link to support.md instead"
