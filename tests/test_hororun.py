@@ -140,6 +140,16 @@ def test_a_singleton_leaves_no_shared_memory_behind() -> None:
 
 
 @pytest.mark.timeout(60)
+def test_a_host_list_with_more_slots_than_cores_runs(tmp_path: Path) -> None:
+    # Horovod's tutorials' line (horovodrun -np 4 -H localhost:4) on a machine with fewer cores: Open MPI's
+    # default binding to cores refused it; Horovod's default placement (--bind-to none --map-by slot) runs it.
+    n = (os.cpu_count() or 1) + 1
+    out = hororun("-np", str(n), "-H", f"localhost:{n}", sys.executable, script(tmp_path, HELLO))
+    assert out.returncode == 0, out.stderr
+    assert sorted(re.findall(r"HELLO rank (\d+) of (\d+)", out.stdout)) == [(str(r), str(n)) for r in range(n)]
+
+
+@pytest.mark.timeout(60)
 def test_three_ranks_oversubscribe_two_cores(tmp_path: Path) -> None:
     # -np 3 is more than this 2-core machine has; the launcher must start them all anyway.
     out = hororun("-np", "3", sys.executable, script(tmp_path, HELLO))
@@ -478,10 +488,17 @@ def test_build_command_hydra_and_openmpi() -> None:
                                    "-genv", "HORO_TIMELINE", "/t.json", "python", "t.py"]
     plan.flavor, plan.hosts, plan.hostfile = OPENMPI, None, "/data/hf"
     assert build_command(plan) == ["/x/mpiexec", "-np", "4", "--oversubscribe", "--allow-run-as-root",
-                                   "--hostfile", "/data/hf", "--tag-output", "-x", "HORO_TIMELINE=/t.json", "python",
-                                   "t.py"]
+                                   "--hostfile", "/data/hf", "--tag-output", "-x", "HORO_TIMELINE=/t.json",
+                                   "--bind-to", "none", "--map-by", "slot", "python", "t.py"]
     plan.as_root = False
     assert "--allow-run-as-root" not in build_command(plan)
+    # Horovod's default placement fills in what --binding-args / --mpi-args leave unsaid, and only that.
+    plan.extra_args = ["--map-by", "ppr:6:node"]
+    cmd = build_command(plan)
+    assert cmd.count("--map-by") == 1 and cmd[-4:] == ["--map-by", "ppr:6:node", "python", "t.py"], cmd
+    assert cmd[cmd.index("--bind-to") + 1] == "none", cmd
+    plan.extra_args = ["--bind-to=core"]
+    assert "--bind-to" not in build_command(plan) and "--map-by" in build_command(plan)
 
 
 def _fake_mpiexec(tmp_path: Path, version: str) -> str:

@@ -14,8 +14,8 @@ from pathlib import Path
 from horo.run.hosts import HostSpec, to_hydra_hosts_arg
 
 __all__ = [
-    "HYDRA", "OPENMPI", "LaunchPlan", "MpiexecError", "build_command", "detect_flavor", "find_mpiexec", "local_command",
-    "openmpi_remote_args",
+    "HYDRA", "OPENMPI", "LaunchPlan", "MpiexecError", "build_command", "default_binding", "detect_flavor",
+    "find_mpiexec", "local_command", "openmpi_remote_args",
 ]
 
 HYDRA = "hydra"  # MPICH, Intel MPI, MVAPICH: all use the hydra process manager.
@@ -116,6 +116,15 @@ def openmpi_remote_args(ssh_command: str | None, interfaces: Sequence[str]) -> l
     return args
 
 
+def default_binding(extra_args: Sequence[str]) -> list[str]:
+    """Horovod's default placement for Open MPI, ``--bind-to none --map-by slot``, for what ``--binding-args`` and
+    ``--mpi-args`` leave unsaid: Open MPI's own default binds each rank to a core and refuses a host list with
+    more slots than the host has cores (``-H localhost:4`` on 2 cores)."""
+    given = {a.lstrip("-").split("=", 1)[0] for a in extra_args if a.startswith("-")}
+    out = [] if given & {"bind-to", "bind_to"} else ["--bind-to", "none"]
+    return out + ([] if given & {"map-by", "map_by"} else ["--map-by", "slot"])
+
+
 def build_command(plan: LaunchPlan) -> list[str]:
     """The full argv for mpiexec.
 
@@ -137,6 +146,7 @@ def build_command(plan: LaunchPlan) -> list[str]:
         cmd += openmpi_remote_args(plan.ssh_command, plan.interfaces)
         for name, value in plan.genv.items():
             cmd += ["-x", f"{name}={value}"]
+        cmd += default_binding(plan.extra_args)
     else:
         if plan.hosts:
             cmd += ["-hosts", to_hydra_hosts_arg(plan.hosts)]

@@ -71,7 +71,8 @@ LAUNCH: tuple[Setting, ...] = (
             "shared memory already)", var="NCCL_IB_DISABLE", consts=(("--tcp", "1"),), kind="bool",
             reader="NCCL"),
     Setting("binding_args", "library", "process binding arguments for the MPI launcher (shell-split), e.g. "
-            "--binding-args=\"--bind-to core\"", flags=("--binding-args",), kind="text", metavar="ARGS"),
+            "--binding-args=\"--bind-to core\"; on Open MPI, what they leave unsaid is Horovod's default "
+            "--bind-to none --map-by slot", flags=("--binding-args",), kind="text", metavar="ARGS"),
     Setting("num_nccl_streams", "library", "Horovod's number of NCCL streams", horovod="HOROVOD_NUM_NCCL_STREAMS",
             flags=("--num-nccl-streams",), key="library_options.num_nccl_streams", kind="int", metavar="N",
             why="horo's NCCL collectives run on the framework's current stream"),
