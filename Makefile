@@ -13,7 +13,7 @@ MPICH_VENV  ?= .venv-mpich
 MPICH_STAMP := $(MPICH_VENV)/.horo-installed
 export OMP_NUM_THREADS ?= 1
 
-.PHONY: install test test-slurm test-slow test-slow-ci test-all test-core test-mpich demo bench lint docs dist clean
+.PHONY: install test test-quick test-slurm test-slow test-slow-ci test-all test-core test-mpich demo bench lint docs dist clean
 
 $(STAMP): pyproject.toml $(CONSTRAINTS)
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -35,6 +35,13 @@ install: $(STAMP)
 # The suite on the embedded Open MPI (all but the `slow` and `slurm` cases), then the core collective suite on MPICH.
 test: $(STAMP) test-mpich
 	$(PY) -m pytest -q -p no:cacheprovider -m "not slow and not slurm" --durations=25 tests
+
+# The edit-run loop: lint, the layers and every other `unit` test (no MPI job, no cluster), then the core
+# collective suite at 2 ranks on the embedded Open MPI.
+test-quick: $(STAMP)
+	$(VENV)/bin/ruff check src tests examples tools compat
+	$(PY) -m pytest -q -p no:cacheprovider -m "unit and not slow" tests
+	$(PY) -m pytest -q -p no:cacheprovider "tests/test_mpi_suites.py::test_mpi_suite[2]"
 
 # tests/slurm: a real SLURM cluster on the test bed (root, Debian's slurmctld/slurmd/munge, which .ci/run
 # installs; skipped with the reason where they are missing). ~6 min here; its slow cases run in test-slow.
@@ -89,7 +96,7 @@ dist: $(STAMP)
 	$(PY) -m build --outdir dist compat/horovod
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check src tests examples tools
+	$(VENV)/bin/ruff check src tests examples tools compat
 
 clean:
 	rm -rf $(VENV) $(MPICH_VENV) build dist site *.egg-info src/*.egg-info .pytest_cache

@@ -18,6 +18,8 @@ from horo.core.transport import adasum_math, blas
 sys.path.insert(0, str(Path(__file__).parent / "mpi"))
 from adasum_ref import pair  # noqa: E402
 
+pytestmark = pytest.mark.unit  # no MPI job, no cluster: make test-quick runs it
+
 RTOL = {np.dtype(np.float64): 1e-12, np.dtype(np.float32): 1e-5, np.dtype(np.float16): 4e-3}
 DTYPES = list(RTOL)
 

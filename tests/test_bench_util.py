@@ -6,6 +6,8 @@ import pytest
 
 from horo.bench._util import Timing
 
+pytestmark = pytest.mark.unit  # no MPI job, no cluster: make test-quick runs it
+
 
 def test_paired_ratio_is_the_median_of_the_ratios_within_repeats() -> None:
     # Two machine states (x5); in repeat 3 the state flipped between the two variants' samples. The medians

@@ -10,6 +10,10 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.unit  # no MPI job, no cluster: make test-quick runs it
+
 SRC = Path(__file__).resolve().parent.parent / "src" / "horo"
 # init(comm=[ranks]): MPI_Comm_create_group is collective over the listed ranks only, which Split is not.
 # add_process_set_of_members (torch.distributed.new_group): the same, over the set's members.

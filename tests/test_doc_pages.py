@@ -25,6 +25,8 @@ from pathlib import Path
 import pytest
 import tomllib
 
+pytestmark = pytest.mark.unit  # no MPI job, no cluster: make test-quick runs it
+
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs"
 

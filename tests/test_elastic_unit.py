@@ -12,6 +12,8 @@ from horo.run.args import UsageError, parse_args
 from horo.run.elastic_driver import DiscoveryError, ElasticDriver, HostTable, parse_discovery_output
 from horo.run.elastic_proto import BLOB, recv_msg, send_msg
 
+pytestmark = pytest.mark.unit  # no MPI job, no cluster: make test-quick runs it
+
 
 def _state(**kw):
     return ObjectState(bcast_object=lambda obj, root, name=None: obj, get_rank=lambda: 0, **kw)

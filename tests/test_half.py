@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from horo.core.base.half import to_float16, to_float32
+
+pytestmark = pytest.mark.unit  # no MPI job, no cluster: make test-quick runs it
 
 
 def test_to_float32_every_float16_bit_pattern() -> None:

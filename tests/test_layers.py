@@ -23,6 +23,8 @@ sys.path.insert(0, str(ROOT / "tools"))
 
 import import_graph  # noqa: E402 - from tools/, put on the path above
 
+pytestmark = pytest.mark.unit  # no MPI job, no cluster: make test-quick runs it
+
 
 def test_the_layers_contract_holds() -> None:
     exe = shutil.which("lint-imports", path=str(Path(sys.executable).parent))

@@ -3,7 +3,11 @@ fallback sum's, are in tests/mpi/test_allreduce.py and tests/test_mpi_jobs.py: M
 
 from __future__ import annotations
 
+import pytest
+
 from horo.core.transport import mpi_env
+
+pytestmark = pytest.mark.unit  # no MPI job, no cluster: make test-quick runs it
 
 
 def test_leaves_out_open_mpis_saturating_avx_reductions() -> None:

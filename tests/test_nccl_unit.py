@@ -22,6 +22,8 @@ from horo.core.base.ops import Adasum, Average, Max, Min, Product, Sum
 from horo.core.scheduling import signatures
 from horo.core.transport import device, mpi_ops, nccl
 
+pytestmark = pytest.mark.unit  # no MPI job, no cluster: make test-quick runs it
+
 ml_dtypes = pytest.importorskip("ml_dtypes")
 
 RAW = bytes((i * 37 + 11) % 256 for i in range(nccl.UNIQUE_ID_BYTES))  # has bytes above 127

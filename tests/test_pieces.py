@@ -3,7 +3,11 @@ default (pieces) unless one call wins beyond the noise (autotune's rule)."""
 
 from __future__ import annotations
 
+import pytest
+
 from horo.core.scheduling.pieces import PIECES, WHOLE, Chooser, in_window
+
+pytestmark = pytest.mark.unit  # no MPI job, no cluster: make test-quick runs it
 
 
 def _run(chooser: Chooser, times: dict[int, float], calls: int) -> list[int]:

@@ -14,6 +14,8 @@ from horo.run.hosts import HostParseError, HostSpec
 from horo.run.slurm import allocation, expand_hostlist, parse_tasks_per_node
 from horo.run.slurm_discovery import up_hosts
 
+pytestmark = pytest.mark.unit  # no MPI job, no cluster: make test-quick runs it
+
 
 @pytest.mark.parametrize(("text", "hosts"), [
     ("node1", ["node1"]),

@@ -177,7 +177,7 @@ SYNTHETIC = '''
 import pytest
 
 CASES = [pytest.param("a", 2, id="a-2"), pytest.param("b", 3, marks=pytest.mark.slow)]
-pytestmark = [pytest.mark.timeout(30)]
+pytestmark = [pytest.mark.unit, pytest.mark.timeout(30)]
 
 @pytest.mark.parametrize("limit", [5.0, pytest.param(20.0, marks=[pytest.mark.slow])], ids=["5s", "20s"])
 @pytest.mark.parametrize("layout, cut", [("x", "y"), ("z", "w")], ids=["login", "other"])

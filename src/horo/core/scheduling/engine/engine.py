@@ -136,6 +136,7 @@ class Engine(Waiting, Rounds, Matching, Execution, Peers, Stalls, Divergence, Tu
         self.waiters = 0  # callers blocked in synchronize() while this thread runs the rounds
         self.stirs = 0  # submissions, waiters and requests to stop or join so far (see stir)
         self.deferred_since: float | None = None  # when a submission left the engine asleep; None: woken
+        self.parked_long = False  # the engine thread waits for the idle tick, not for a grace period (_park)
         self.wakes = 0  # times the engine thread woke while parked (a diagnostic: profiling reads it)
         self.alone_rounds = 0  # rounds run by _round_alone (a diagnostic: tests read it)
         self.host_only = True
@@ -166,6 +167,10 @@ class Engine(Waiting, Rounds, Matching, Execution, Peers, Stalls, Divergence, Tu
             # poll, up to a whole cycle later (a deferred op waited for it; 60 s with a 60 s cycle).
             if first and self.helped and self.host_only and not self.round_lock.locked():
                 self.deferred_since = time.monotonic()  # its caller will likely run the round itself
+                if self.parked_long:
+                    # The thread parked before a caller helped, for a whole idle tick: have it look again
+                    # within the grace period, or the op waits for that tick (60 s with a 60 s cycle).
+                    self.stir()
             else:
                 self.deferred_since = None
                 self.stir()
@@ -239,7 +244,9 @@ class Engine(Waiting, Rounds, Matching, Execution, Peers, Stalls, Divergence, Tu
                 if self.helped and time.monotonic() - self.helped_at > self.idle_s:
                     self.helped = False  # no submit-then-synchronize for a tick: stop the wake-ups below
                 # A deferred submission does not wake us: look for one every grace period while helped.
+                self.parked_long = not self.helped
                 self.cv.wait(timeout=min(_HELP_GRACE_S, self.idle_s) if self.helped else self.idle_s)
+                self.parked_long = False
                 self.wakes += 1
                 if not self.pending:
                     return  # the idle tick (or a caller's round) is due for checking
