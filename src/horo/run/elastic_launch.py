@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import os
 import shlex
-import socket
 import sys
 import tempfile
 from pathlib import Path
@@ -61,8 +60,6 @@ def _launch(ns: argparse.Namespace, mpiexec: str, base_env: dict[str, str], genv
     hosts' ranks stalled (a cut link), are added to ``lost``. ``notes["reported"]``: whether a rank reported
     its own non-zero exit (the status is then that rank's)."""
     env_extra = driver.env(assignment)
-    if env_extra["HORO_ELASTIC_DRIVER"].startswith("0.0.0.0:"):
-        env_extra["HORO_ELASTIC_DRIVER"] = socket.gethostname() + env_extra["HORO_ELASTIC_DRIVER"][7:]
     env_extra["HORO_ELASTIC_TIMEOUT"] = str(ns.elastic_timeout)
     if ns.reset_limit is not None:
         env_extra["HORO_ELASTIC_RESET_LIMIT"] = str(ns.reset_limit)
@@ -139,7 +136,8 @@ def run_elastic(ns: argparse.Namespace, mpiexec: str, flavor: str, base_env: dic
     except DiscoveryError as exc:
         return _fail(str(exc), 2)
     driver = ElasticDriver(discover, ns.min_np, ns.max_np, cooldown=tuple(ns.cooldown) if ns.cooldown else None,
-                           bind=bind_address(first), keep_survivors=not (ns.hosts or ns.discovery))
+                           bind=bind_address(first, ns.network_interface or []),
+                           keep_survivors=not (ns.hosts or ns.discovery))
     try:
         assignment = driver.initial_assignment(ns.np, ns.elastic_timeout)
     except TimeoutError as exc:
