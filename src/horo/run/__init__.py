@@ -32,7 +32,7 @@ from horo.run.hosts import (
     to_openmpi_hostfile,
 )
 from horo.run.launch import first_rank_exit, run_job
-from horo.run.mpiexec import OPENMPI, LaunchPlan, MpiexecError, build_command, detect_flavor, find_mpiexec
+from horo.run.mpiexec import ONE_HOST_ENV, OPENMPI, LaunchPlan, MpiexecError, build_command, detect_flavor, find_mpiexec
 from horo.run.slurm import allocation as slurm_allocation
 
 __all__ = ["RANK_HOOK_DIR", "main"]
@@ -145,6 +145,9 @@ def main(argv: list[str] | None = None) -> int:
         extra["HORO_HIERARCHICAL_ALLGATHER"] = "1"
     env = {**os.environ, **extra}
     mpi_env.before_init(env)  # also for ranks whose script starts MPI before horo.init()
+    if flavor == OPENMPI and not any_remote(hosts or file_hosts or alloc):
+        for name, value in ONE_HOST_ENV.items():
+            env.setdefault(name, value)
     genv: dict[str, str] = {}
     if "HORO_TIMELINE" in extra:
         genv["HORO_TIMELINE"] = extra["HORO_TIMELINE"]
