@@ -31,7 +31,7 @@ from horo.run.elastic_driver import (
 )
 from horo.run.hosts import HostParseError, parse_hosts_arg
 from horo.run.launch import first_rank_exit, run_job
-from horo.run.mpiexec import ONE_HOST_ENV, OPENMPI, openmpi_env_args, openmpi_remote_args
+from horo.run.mpiexec import OPENMPI, openmpi_env_args, openmpi_remote_args
 
 __all__ = ["run_elastic"]
 
@@ -69,9 +69,6 @@ def _launch(ns: argparse.Namespace, mpiexec: str, base_env: dict[str, str], genv
         env_extra["HORO_ELASTIC_RESUME"] = "1"
         env_extra["HORO_ELASTIC_RESET_BASE"] = str(resets)
     env = {**base_env, **env_extra}
-    if not any_remote(first):
-        for name, value in ONE_HOST_ENV.items():
-            env.setdefault(name, value)
     hosts = mpi_hosts(driver.table.usable() or first, ns.max_np)
     cmd = [mpiexec, "--with-ft", "ulfm", "-np", str(len(assignment))]
     if not any_remote(first) or len(assignment) > sum(s for _h, s in hosts):

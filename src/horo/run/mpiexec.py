@@ -23,9 +23,10 @@ HYDRA = "hydra"  # MPICH, Intel MPI, MVAPICH: all use the hydra process manager.
 OPENMPI = "openmpi"
 
 
-#: Open MPI settings for a job on this machine alone (a value the user set wins): its ranks talk through shared
-#: memory, so they need no TCP transport, whose listening sockets take every address of the machine
-#: (Open MPI 5.0.11 binds them to the wildcard address whatever its interface settings say).
+#: Open MPI settings for a fixed job on this machine alone (a value the user set wins): its ranks talk through
+#: shared memory, so they need no TCP transport, whose listening sockets take every address of the machine
+#: (Open MPI 5.0.11 binds them to the wildcard address whatever its interface settings say). Not for an elastic
+#: job: shared memory does not reach the workers ``MPI_Comm_spawn`` adds ("unreachable proc", measured).
 ONE_HOST_ENV = {"OMPI_MCA_btl": "^tcp"}
 
 #: Names of variables whose value must never be on a command line, where ``ps`` shows it to every user.
