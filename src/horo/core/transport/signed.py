@@ -79,17 +79,17 @@ def _peer(sock: socket.socket) -> str:
 
 
 def _ready(sock: socket.socket, deadline: float | None) -> None:
-    """Wait until ``sock`` has bytes (or its end) to read; ``TimeoutError`` past ``deadline`` (monotonic).
-    A poll, not a socket timeout: another thread may be sending on the same socket meanwhile."""
-    if deadline is None:
-        return
+    """Wait until ``sock`` has bytes (or its end) to read; ``TimeoutError`` past ``deadline`` (monotonic; None:
+    no limit). A poll, not a socket timeout: another thread may be sending on the same socket meanwhile."""
+    if deadline is None and sock.gettimeout() != 0.0:
+        return  # a blocking read waits by itself
     poller = select.poll()
     poller.register(sock, select.POLLIN)
     while True:
-        left = deadline - time.monotonic()
-        if left <= 0:
+        left = None if deadline is None else deadline - time.monotonic()
+        if left is not None and left <= 0:
             raise TimeoutError("a message was not complete in time")
-        if poller.poll(left * 1000):
+        if poller.poll(None if left is None else left * 1000):
             return
 
 
@@ -336,15 +336,18 @@ def connect(address: tuple[str, int], key: bytes, service: str, timeout: float =
     deadline = time.monotonic() + timeout
     pause = 0.05
     while True:
-        sock = socket.create_connection(address, timeout=max(deadline - time.monotonic(), 0.1))
+        sock = None
         try:
+            sock = socket.create_connection(address, timeout=max(deadline - time.monotonic(), 0.1))
             return client(sock, key, service, max(deadline - time.monotonic(), 0.1))
         except (ConnectionResetError, ConnectionAbortedError, BrokenPipeError, TimeoutError):
-            sock.close()
+            if sock is not None:
+                sock.close()
             if time.monotonic() + pause > deadline:
                 raise
             time.sleep(pause)
             pause = min(pause * 2, 1.0)
         except BaseException:
-            sock.close()
+            if sock is not None:
+                sock.close()
             raise
