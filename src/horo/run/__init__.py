@@ -145,9 +145,6 @@ def main(argv: list[str] | None = None) -> int:
         extra["HORO_HIERARCHICAL_ALLGATHER"] = "1"
     env = {**os.environ, **extra}
     mpi_env.before_init(env)  # also for ranks whose script starts MPI before horo.init()
-    if flavor == OPENMPI and not any_remote(hosts or file_hosts or alloc):
-        for name, value in ONE_HOST_ENV.items():
-            env.setdefault(name, value)
     genv: dict[str, str] = {}
     if "HORO_TIMELINE" in extra:
         genv["HORO_TIMELINE"] = extra["HORO_TIMELINE"]
@@ -166,6 +163,9 @@ def main(argv: list[str] | None = None) -> int:
 
     if ns.elastic:
         return run_elastic(ns, mpiexec, flavor, env, genv, ssh_command)
+    if flavor == OPENMPI and not any_remote(hosts or file_hosts or alloc):
+        for name, value in ONE_HOST_ENV.items():  # a fixed job: no worker is spawned later (see there)
+            env.setdefault(name, value)
 
     with tempfile.TemporaryDirectory(prefix="hororun-") as tmp:
         hostfile = None
