@@ -151,10 +151,9 @@ _AGENT = "horo.core.transport.adopt_agent"
 def _key(d: Described, deadline: float, stale: bytes | None = None) -> bytes:
     """The key of this joined world (``joinkey``)."""
     try:
-        if d.secret is not None:
-            key = joinkey.from_environment({"HORO_JOIN_SECRET": d.secret.decode()})
-            assert key is not None
-            return key
+        given = joinkey.from_environment({"HORO_JOIN_SECRET": (d.secret or b"").decode()})
+        if given is not None:
+            return given
         if not joinkey.one_host(os.environ, d.master):
             raise refusal(d, joinkey.across_hosts_refusal())
         path = joinkey.local_file(os.environ, os.getppid())
