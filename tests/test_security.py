@@ -457,3 +457,26 @@ def test_a_hororun_job_passes_no_secret_on_a_command_line_and_its_ranks_listen_o
     scan.check(expect=("HORO_TEST_SECRET",))
     assert proc.returncode == 0 and text.count(" sees True") == 2, text[-4000:]
     assert len(listening) == 2 and not any(listening.values()), listening  # no MPI transport on every address
+
+
+def test_servers_bind_the_interface_facing_their_peers() -> None:
+    from horo.core.transport import netif
+    from horo.run.elastic_driver import bind_address
+
+    assert bind_address({"localhost": 2, "127.0.0.1": 1}) == "127.0.0.1"  # a job on this host alone
+    lo = next(ip for name, ip in netif.addresses() if ip.startswith("127."))
+    assert bind_address({"node9": 2}, ["lo"]) == lo  # the interface --network-interface names
+    try:
+        facing = netif.facing("192.0.2.200")  # TEST-NET-1: routed (or not) like any other host; no packet is sent
+    except OSError:
+        pytest.skip("no route out of this host")
+    assert bind_address({"192.0.2.200": 2}) == facing != "0.0.0.0"
+    pytest.importorskip("pyspark")
+    from horo.spark.settings import bind_host
+
+    class Conf(dict):
+        def getConf(self):  # noqa: N802 - SparkContext's name
+            return self
+
+    assert bind_host(Conf({"spark.driver.host": "10.0.0.5"})) == "10.0.0.5"
+    assert bind_host(Conf({"spark.driver.host": "node1", "spark.driver.bindAddress": "10.0.0.7"})) == "10.0.0.7"
