@@ -206,7 +206,8 @@ def main():
     else:
         addrs = json.loads(control.readline())["addrs"]
         say({"ok": beats.connect([tuple(a) for a in addrs])})
-    if json.loads(control.readline()).get("run"):
+    line = control.readline()  # empty: the rank ended the set-up (another rank could not connect)
+    if line and json.loads(line).get("run"):
         beats.run(control)
     for conn in beats.peers.values():
         conn.close()
