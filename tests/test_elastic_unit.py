@@ -7,10 +7,11 @@ import socket
 import numpy as np
 import pytest
 
+from horo.core.transport import signed
 from horo.elastic import HoroInternalError, HorovodInternalError, ObjectState, run
 from horo.run.args import UsageError, parse_args
 from horo.run.elastic_driver import DiscoveryError, ElasticDriver, HostTable, parse_discovery_output
-from horo.run.elastic_proto import BLOB, recv_msg, send_msg
+from horo.run.elastic_proto import BLOB, SERVICE, request
 
 pytestmark = pytest.mark.unit  # no MPI job, no cluster: make test-quick runs it
 
@@ -93,13 +94,10 @@ def test_driver_answers_only_signed_requests():
     drv.start()
     try:
         host, port = drv.address.split(":")
-        with socket.create_connection((host, int(port)), timeout=5) as s:
-            send_msg(s, b"wrong key", {"op": "poll"})
-            assert s.recv(100) == b""  # no answer to an unsigned peer: the connection just closes
+        with pytest.raises(signed.Refused, match="does not hold this job's key"):
+            request(drv.address, b"wrong key", {"op": "poll"}, timeout=5)  # no answer to a peer without the key
         drv.refresh()
-        with socket.create_connection((host, int(port)), timeout=5) as s:
-            send_msg(s, drv.key, {"op": "poll"})
-            reply = recv_msg(s, drv.key)
+        reply = request(drv.address, drv.key, {"op": "poll"}, timeout=5)
         assert reply["free"] == 2 and reply["max_np"] == 2
         assert host == "127.0.0.1"  # loopback unless the hosts need otherwise
     finally:
@@ -119,7 +117,7 @@ def test_driver_tells_apart_workers_that_share_a_pid_on_different_hosts():
         assert driver.table.in_use == {"a": 1, "b": 1}
         assert any("on host c failed; c is excluded" in m for m in logs), logs
     finally:
-        driver.server.server_close()
+        driver.stop()
 
 
 def test_driver_grows_the_world_on_this_machine_only():
@@ -139,31 +137,29 @@ def test_driver_grows_the_world_on_this_machine_only():
         driver.table.update({"localhost": 2, "nodeb": 3})
         assert driver.handle({"op": "claim", "size": 3}) == {"hosts": ["localhost"]}
     finally:
-        driver.server.server_close()
+        driver.stop()
 
 
 def test_signed_messages_carry_a_binary_payload_and_refuse_a_changed_one():
     import threading
 
-    from horo.core.transport import signed
-
     a, b = socket.socketpair()
-    b.settimeout(10)
     try:
+        server: list[signed.Conn] = []
+        t = threading.Thread(target=lambda: server.append(signed.accept(b, b"k" * 32, SERVICE)))
+        t.start()
+        client = signed.client(a, b"k" * 32, SERVICE)
+        t.join()
         blob = bytes(range(256)) * 5000 + b"\n end"  # bigger than a socket buffer, with a newline inside
-        sender = threading.Thread(target=send_msg, args=(a, b"k", {"op": "commit", BLOB: blob}))
+        sender = threading.Thread(target=client.send, args=({"op": "commit", BLOB: blob},))
         sender.start()
-        assert recv_msg(b, b"k") == {"op": "commit", BLOB: blob}
+        assert server[0].recv(wait=10) == {"op": "commit", BLOB: blob}
         sender.join()
-        frame = signed.encode(b"k", {"op": "commit", BLOB: b"abc"})
-        assert frame.endswith(b"abc")  # the payload follows the signed body, as raw bytes
-        c, d = socket.socketpair()
-        d.settimeout(10)
-        c.sendall(frame[:-3] + b"abd")  # the signed body with a payload that differs from its digest
-        with pytest.raises(ValueError, match="payload does not match"):
-            recv_msg(d, b"k")
-        c.close()
-        d.close()
+        frame = client._frame({"op": "commit", BLOB: b"abc"}, 0)  # noqa: SLF001 - the bytes on the wire
+        assert frame[:-32].endswith(b"abc")  # the payload follows the body, as raw bytes, then its MAC
+        a.sendall(frame[:-35] + b"abd" + frame[-32:])  # the signed header and body with another payload
+        with pytest.raises(signed.Refused, match="does not match its signed header"):
+            server[0].recv(wait=10)
     finally:
         a.close()
         b.close()
@@ -192,7 +188,7 @@ def test_driver_keeps_the_last_commit_and_forgets_a_lost_hosts_workers():
         driver.handle({"op": "commit", "unsupported": "MyState"})
         assert driver.state_unsupported == "MyState"
     finally:
-        driver.server.server_close()
+        driver.stop()
 
 
 def test_object_state_round_trips_its_commit_through_pickle():
@@ -260,7 +256,7 @@ def test_a_job_across_hosts_grows_onto_them_by_a_restart():
         driver.handle({"op": "commit", "unsupported": "MyState"})  # its commit could not be kept: no restart
         assert driver.handle({"op": "poll"})["remote_free"] == 0
     finally:
-        driver.server.server_close()
+        driver.stop()
     saved = dict(client._poll)  # noqa: SLF001
     try:
         for free, remote, max_np, size, kind in ((0, 1, 3, 2, 2), (0, 1, 3, 3, 0), (1, 1, 3, 2, 1), (0, 0, 3, 2, 0)):
@@ -364,7 +360,7 @@ def test_workers_of_a_host_that_discovery_drops_are_told_to_leave():
         assert any("3 worker(s) leave at this reset: a (no longer listed by host discovery); b (listed with 1 "
                    "slot(s) now)" in m for m in logs), logs
     finally:
-        driver.server.server_close()
+        driver.stop()
 
 
 def test_a_failed_workers_host_is_excluded_and_its_other_workers_leave():
@@ -382,7 +378,7 @@ def test_a_failed_workers_host_is_excluded_and_its_other_workers_leave():
         assert reply["ok"] is False and "every host of the job must leave (b: excluded after a failure)" in \
             reply["fatal"] and driver.fatal == reply["fatal"]
     finally:
-        driver.server.server_close()
+        driver.stop()
 
 
 def test_a_job_on_this_machine_alone_keeps_its_survivors():
@@ -394,7 +390,7 @@ def test_a_job_on_this_machine_alone_keeps_its_survivors():
         assert driver._world([["localhost", "m", 1, 1], ["localhost", "m", 2, 1]]) == {"ok": True, "leave": []}  # noqa: SLF001
         assert driver.table.free_slots() == [] and len(driver.failures) == 1
     finally:
-        driver.server.server_close()
+        driver.stop()
 
 
 def test_cooldown_grows_like_horovods():
@@ -422,7 +418,7 @@ def test_driver_records_the_end_of_training_and_horovods_start():
         driver.forget_world()
         assert not driver.done
     finally:
-        driver.server.server_close()
+        driver.stop()
 
 
 def test_driver_tells_a_cut_off_host_by_its_workers_falling_silent():
@@ -441,7 +437,7 @@ def test_driver_tells_a_cut_off_host_by_its_workers_falling_silent():
         assert driver.lose_hosts(["n3"], "cut off") == ["n3"]
         assert any("host n3 was lost (cut off); n3 is excluded" in m for m in _logs), _logs
     finally:
-        driver.server.server_close()
+        driver.stop()
 
 
 def test_a_failed_hosts_workers_leave_even_if_its_cooldown_ended_meanwhile():
@@ -456,7 +452,7 @@ def test_a_failed_hosts_workers_leave_even_if_its_cooldown_ended_meanwhile():
         assert reply["leave"] == [["m", 3]], reply
         assert any("1 worker(s) leave at this reset: b (excluded after a failure)" in m for m in logs), logs
     finally:
-        driver.server.server_close()
+        driver.stop()
 
 
 def test_driver_knows_when_every_worker_has_ended():
@@ -469,4 +465,4 @@ def test_driver_knows_when_every_worker_has_ended():
         driver.handle({"op": "bye", "real": "m", "pid": 2})
         assert driver.ended_at is not None
     finally:
-        driver.server.server_close()
+        driver.stop()

@@ -18,6 +18,7 @@ ray = pytest.importorskip("ray")
 pytest.importorskip("torch")
 
 import ray_helpers as h  # noqa: E402
+from security_helpers import PsScan  # noqa: E402
 
 from horo.ray import RayExecutor, WorkerDiedError  # noqa: E402
 
@@ -50,8 +51,11 @@ class TestOneWorldOfN:
 
     @pytest.fixture(scope="class", params=[2, 3, 4])
     def world(self, request):
+        scan = PsScan() if request.param == 2 else None  # ps of every process: the world's key on no command line
         ex, mark = _executor(request.param, env={"KERAS_BACKEND": "torch"}, executable_cls=h.Executable,
                              executable_args=[3])
+        if scan is not None:
+            scan.check(expect=("HORO_JOIN_SECRET",))
         yield ex
         _shutdown(ex, mark)
 
@@ -168,7 +172,7 @@ def test_ranks_go_host_by_host_and_gpus_are_shared_on_a_host():
         ("0", "0", "2,3"), ("1", "1", "2,3"), ("2", "0", "0,1"), ("3", "1", "0,1")]
     assert {(e["HORO_JOIN_SIZE"], e["HORO_JOIN_ADDR"], e["HORO_JOIN_PORT"], e["HORO_JOIN_SECRET"],
              e["HORO_JOIN_TIMEOUT"]) for e in envs} == {("4", "10.0.0.2", "4242", envs[0]["HORO_JOIN_SECRET"], "30")}
-    assert len(envs[0]["HORO_JOIN_SECRET"]) == 32
+    assert len(envs[0]["HORO_JOIN_SECRET"]) == 64
     halves = [Member("a", "10.0.0.1", "ha", p, ("0",)) for p in (1, 2)]  # gpus_per_worker=0.5: one GPU, named once
     assert [e["CUDA_VISIBLE_DEVICES"] for e in join_envs(halves, 1, 30, "horo.ray", share_gpus=True)] == ["0", "0"]
 

@@ -22,6 +22,7 @@ pyspark = pytest.importorskip("pyspark")
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests"))
+from security_helpers import PsScan  # noqa: E402
 from spark_apps import elastic_fns, fns  # noqa: E402
 
 pytestmark = pytest.mark.timeout(300)
@@ -117,11 +118,14 @@ def test_run_returns_rank_ordered_results_computed_in_spark_tasks(spark, num_pro
     import horo.spark
 
     os.environ["HORO_SPARK_TEST_DRIVER"] = "the driver's own"  # set in the driver only: must not reach them
+    scan = PsScan() if num_proc == 2 else None  # ps of every process: the run's keys on no command line
     try:
         results = horo.spark.run(fns.world, args=(f"n={num_proc}",), num_proc=num_proc,
                                  env=_env(HORO_SPARK_TEST_USER="from env="))
     finally:
         del os.environ["HORO_SPARK_TEST_DRIVER"]
+    if scan is not None:
+        scan.check(expect=("HORO_JOIN_SECRET",))
     n = num_proc or spark.sparkContext.defaultParallelism
     assert n == (num_proc or 4)
     assert [r["rank"] for r in results] == list(range(n))
@@ -186,11 +190,13 @@ def test_run_elastic_returns_the_last_worlds_results_in_rank_order(spark):
 
     # On one machine the ranks run under hororun's mpiexec; losing executors is tested on the bed.
     os.environ["HORO_SPARK_TEST_DRIVER"] = "the driver's own"
+    scan = PsScan()
     try:
         results = horo.spark.run_elastic(elastic_fns.count, args=(5,), num_proc=2, min_num_proc=2, max_num_proc=2,
                                          elastic_timeout=60, env=_env(HORO_SPARK_TEST_USER="from env="))
     finally:
         del os.environ["HORO_SPARK_TEST_DRIVER"]
+    scan.check(expect=("SPARK_HORO_SECRET", "HORO_ELASTIC_SECRET"))
     assert [(r["rank"], r["size"], r["step"], r["total"]) for r in results] == [(0, 2, 5, 10.0), (1, 2, 5, 10.0)]
     assert all(r["user_env"] == "from env=" and r["driver_env"] is None for r in results), results
     assert spark.sparkContext.statusTracker().getActiveJobsIds() == []

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import secrets
 import shutil
 import subprocess
 import sys
@@ -734,7 +735,9 @@ def test_torchrun_across_two_hosts_joins_one_world(bed, tmp_path, app):
     out = tmp_path / "out"
     out.mkdir()
     env = {k: v for k, v in os.environ.items() if not k.startswith(("OMPI_", "PMIX_", "PRTE_", "HORO_"))}
-    env.update(PYTHONPATH=str(REPO / "src"), OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    # Across hosts the key comes from the job's environment (docs/cluster.md, "Keys"), as a batch script exports it.
+    env.update(PYTHONPATH=str(REPO / "src"), OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1",
+               HORO_JOIN_SECRET=secrets.token_hex(32))
     procs = []
     for node_rank, host in enumerate(["node1", "node2"]):
         argv = exec_argv(bed, host, [sys.executable, "-m", "torch.distributed.run", "--nnodes=2",

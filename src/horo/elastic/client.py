@@ -1,7 +1,8 @@
 """The workers' side of hororun's elastic driver (rank 0 talks to it; the others learn by broadcast).
 
-The driver listens on loopback (``HORO_ELASTIC_DRIVER=host:port``) and answers only messages signed with
-the job's secret (``HORO_ELASTIC_SECRET``); see ``horo.run.elastic_driver`` for the protocol.
+The driver listens on loopback, or on the interface facing the job's other hosts (``HORO_ELASTIC_DRIVER=
+host:port``), and answers only peers that hold the job's key (``HORO_ELASTIC_SECRET``, in the workers'
+environment); see ``horo.run.elastic_driver`` for the protocol.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import time
 from typing import Any
 
 from .. import core
-from ..run.elastic_proto import BLOB, local_aliases, recv_msg, send_msg
+from ..run.elastic_proto import BLOB, local_aliases, request
 
 __all__ = ["enabled", "start", "growth_available", "free_slots", "claim_slots", "hosts_left", "report_world",
            "report_fatal", "report_failed", "report_done", "report_bye", "mpi_host", "set_new_hosts", "my_host",
@@ -36,11 +37,7 @@ def enabled() -> bool:
 
 
 def _request(msg: dict[str, Any], timeout: float = 10.0) -> dict[str, Any]:
-    host, port = os.environ["HORO_ELASTIC_DRIVER"].rsplit(":", 1)
-    key = bytes.fromhex(os.environ["HORO_ELASTIC_SECRET"])
-    with socket.create_connection((host, int(port)), timeout=timeout) as sock:
-        send_msg(sock, key, msg)
-        return recv_msg(sock, key)
+    return request(os.environ["HORO_ELASTIC_DRIVER"], bytes.fromhex(os.environ["HORO_ELASTIC_SECRET"]), msg, timeout)
 
 
 def my_host() -> str:

@@ -73,7 +73,7 @@ def join_envs(ordered: Sequence[Member], port: int, timeout_s: float, launcher: 
 
     ``share_gpus``: every worker of a host sees all the GPUs Ray gave that host's workers, local rank k's own
     first at index k (Horovod's convention: ``torch.cuda.set_device(hvd.local_rank())``)."""
-    secret = secrets.token_hex(16)
+    secret = secrets.token_hex(32)
     master = ordered[0].ip
     local: dict[str, int] = {}
     gpus: dict[str, list[str]] = {}

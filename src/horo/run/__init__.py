@@ -39,7 +39,15 @@ from horo.run.hosts import (
     to_openmpi_hostfile,
 )
 from horo.run.launch import first_rank_exit, run_job
-from horo.run.mpiexec import OPENMPI, LaunchPlan, MpiexecError, build_command, detect_flavor, find_mpiexec
+from horo.run.mpiexec import (
+    ONE_HOST_ENV,
+    OPENMPI,
+    LaunchPlan,
+    MpiexecError,
+    build_command,
+    detect_flavor,
+    find_mpiexec,
+)
 from horo.run.output import START_MARK, Output
 from horo.run.slurm import allocation as slurm_allocation
 
@@ -211,6 +219,9 @@ def _run_static(ns: argparse.Namespace, mpiexec: str, flavor: str, env: dict[str
     """Run a job of a fixed number of ranks; ``where``: the hosts of -H, of the hostfile, of SLURM's allocation."""
     hosts, file_hosts, alloc = where
     output: Output = ns.output
+    if flavor == OPENMPI and not any_remote(hosts or file_hosts or alloc):
+        for name, value in ONE_HOST_ENV.items():  # a fixed job: no worker is spawned later (see there)
+            env.setdefault(name, value)
 
     with tempfile.TemporaryDirectory(prefix="hororun-") as tmp:
         hostfile = None

@@ -1,49 +1,30 @@
-"""hororun's elastic driver: the host table, host discovery, failure records and the workers' loopback server.
+"""hororun's elastic driver: the host table, host discovery, failure records and the workers' server.
 
 Workers never ask MPI which hosts exist: the driver keeps its own table of *logical* hosts, named as the
 discovery script (or ``-H``) names them, so ``localhost``, ``127.0.0.1`` and this machine's name are three
-hosts, as in Horovod. Rank 0 of the job asks it (about once a second, over a socket that only accepts
-messages signed with the job's secret) whether there are free slots or workers that must leave; after every
-reset it reports who is left, from which the driver learns which workers died and excludes their hosts for a
-cool-down, and answers which workers leave now (their host was removed from discovery, or excluded). The
-host table itself is in ``horo.run.elastic_hosts``.
+hosts, as in Horovod. Rank 0 of the job asks it (about once a second, over horo's authenticated connections,
+``horo.core.transport.signed``, with a key drawn per job) whether there are free slots or workers that must
+leave; after every reset it reports who is left, from which the driver learns which workers died and excludes
+their hosts for a cool-down, and answers which workers leave now (their host was removed from discovery, or
+excluded). The host table itself is in ``horo.run.elastic_hosts``.
 """
 
 from __future__ import annotations
 
-import os
 import secrets
 import socket
-import socketserver
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
+from horo.core.transport import netif, signed
+from horo.core.transport.listener import Listener
 from horo.run.elastic_hosts import DiscoveryError, HostTable, parse_discovery_output, run_discovery_script
-from horo.run.elastic_proto import BLOB, local_aliases, recv_msg, send_msg
+from horo.run.elastic_proto import BLOB, SERVICE, local_aliases
 
 __all__ = ["HostTable", "ElasticDriver", "parse_discovery_output", "run_discovery_script", "DiscoveryError"]
-
-
-class _Handler(socketserver.BaseRequestHandler):
-    server: _Server
-
-    def handle(self) -> None:
-        drv = self.server.driver
-        self.request.settimeout(10.0)
-        try:
-            msg = recv_msg(self.request, drv.key)
-        except (OSError, ValueError):
-            return  # unsigned or broken: no answer at all
-        send_msg(self.request, drv.key, drv.handle(msg))
-
-
-class _Server(socketserver.ThreadingTCPServer):
-    daemon_threads = True
-    allow_reuse_address = True
-    driver: ElasticDriver
 
 
 class ElasticDriver:
@@ -53,7 +34,7 @@ class ElasticDriver:
         discover: returns {host: slots} (the discovery script, or the fixed ``-H`` list).
         min_np, max_np: Horovod's ``--min-np`` / ``--max-np`` (``max_np`` None: no bound, as in Horovod).
         cooldown: ``--blacklist-cooldown-range`` (None: failed hosts stay excluded).
-        bind: the address to listen on (loopback unless workers run on other hosts).
+        bind: the address to listen on (loopback unless workers run on other hosts: ``bind_address``).
         log: where messages go.
         keep_survivors: a failed worker's host is excluded for new workers, but its other workers stay (a job
             on this machine alone, started without a host list: excluding its only host would end it at the
@@ -97,14 +78,22 @@ class ElasticDriver:
         self.restart_growth = False
         self.restart_requested = False
         self._stop = threading.Event()
-        self.server = _Server((bind, 0), _Handler)
-        self.server.driver = self
+        self.listener = Listener(bind, 0, self.key, SERVICE, self._serve)
         self._threads: list[threading.Thread] = []
 
     @property
     def address(self) -> str:
-        host, port = self.server.server_address[:2]
+        host, port = self.listener.address
         return f"{host}:{port}"
+
+    def _serve(self, conn: signed.Conn) -> None:
+        """One worker's request and the answer to it (a peer without the key never gets this far)."""
+        try:
+            msg = conn.recv(wait=10.0, within=10.0)
+            if isinstance(msg, dict):
+                conn.reply(self.handle(msg))
+        finally:
+            conn.close()
 
     def env(self, assignment: list[str]) -> dict[str, str]:
         """What every worker needs to reach the driver."""
@@ -122,15 +111,14 @@ class ElasticDriver:
             self.discovery_error = str(exc)
 
     def start(self) -> None:
-        for target in (self.server.serve_forever, self._poll):
+        for target in (self._poll,):
             t = threading.Thread(target=target, daemon=True, name=f"hororun-elastic-{target.__name__}")
             t.start()
             self._threads.append(t)
 
     def stop(self) -> None:
         self._stop.set()
-        self.server.shutdown()
-        self.server.server_close()
+        self.listener.close()
 
     def _poll(self) -> None:
         while not self._stop.wait(1.0):
@@ -351,5 +339,13 @@ def any_remote(logical: dict[str, int]) -> bool:
     return any(h not in local_aliases() for h in logical)
 
 
-def bind_address(logical: dict[str, int]) -> str:
-    return "0.0.0.0" if any_remote(logical) or os.environ.get("HORO_ELASTIC_BIND_ALL") else "127.0.0.1"  # noqa: S104
+def bind_address(logical: dict[str, int], interfaces: Sequence[str] = ()) -> str:
+    """The address the driver listens on: loopback for a job on this machine alone; else that of the first of
+    ``interfaces`` (``--network-interface``) that has one, or the one facing the first other host."""
+    remote = [h for h in logical if h not in local_aliases()]
+    if not remote:
+        return "127.0.0.1"
+    for name, ip in netif.addresses():
+        if name in interfaces:
+            return ip
+    return netif.facing(remote[0])

@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import os
 import shlex
-import socket
 import sys
 import tempfile
 from pathlib import Path
@@ -32,7 +31,7 @@ from horo.run.elastic_driver import (
 )
 from horo.run.hosts import HostParseError, parse_hosts_arg
 from horo.run.launch import first_rank_exit, run_job
-from horo.run.mpiexec import OPENMPI, openmpi_remote_args
+from horo.run.mpiexec import OPENMPI, openmpi_env_args, openmpi_remote_args
 
 __all__ = ["run_elastic"]
 
@@ -61,8 +60,6 @@ def _launch(ns: argparse.Namespace, mpiexec: str, base_env: dict[str, str], genv
     hosts' ranks stalled (a cut link), are added to ``lost``. ``notes["reported"]``: whether a rank reported
     its own non-zero exit (the status is then that rank's)."""
     env_extra = driver.env(assignment)
-    if env_extra["HORO_ELASTIC_DRIVER"].startswith("0.0.0.0:"):
-        env_extra["HORO_ELASTIC_DRIVER"] = socket.gethostname() + env_extra["HORO_ELASTIC_DRIVER"][7:]
     env_extra["HORO_ELASTIC_TIMEOUT"] = str(ns.elastic_timeout)
     if ns.reset_limit is not None:
         env_extra["HORO_ELASTIC_RESET_LIMIT"] = str(ns.reset_limit)
@@ -83,10 +80,7 @@ def _launch(ns: argparse.Namespace, mpiexec: str, base_env: dict[str, str], genv
     cmd += openmpi_remote_args(ssh_command, ns.network_interface or [])
     if ns.tag_output or getattr(getattr(ns, "output", None), "folder", None):  # --output-filename needs the tags
         cmd.append("--tag-output")
-    for name, value in {**genv, **env_extra}.items():
-        # The secret is forwarded by name from mpiexec's environment: a value on the command line is readable
-        # by every user of the machine through ps.
-        cmd += ["-x", name if name == "HORO_ELASTIC_SECRET" else f"{name}={value}"]
+    cmd += openmpi_env_args({**genv, **env_extra})
     cmd += [*getattr(ns, "launcher_args", []), *ns.command]  # --binding-args, --mpi-args
     if ns.verbose:
         print(f"hororun: elastic: workers on {assignment}", file=sys.stderr)
@@ -139,7 +133,8 @@ def run_elastic(ns: argparse.Namespace, mpiexec: str, flavor: str, base_env: dic
     except DiscoveryError as exc:
         return _fail(str(exc), 2)
     driver = ElasticDriver(discover, ns.min_np, ns.max_np, cooldown=tuple(ns.cooldown) if ns.cooldown else None,
-                           bind=bind_address(first), keep_survivors=not (ns.hosts or ns.discovery))
+                           bind=bind_address(first, ns.network_interface or []),
+                           keep_survivors=not (ns.hosts or ns.discovery))
     try:
         assignment = driver.initial_assignment(ns.np, ns.elastic_timeout)
     except TimeoutError as exc:

@@ -1,5 +1,5 @@
-"""The elastic driver's wire format: horo's signed messages (``horo.core.transport.signed``), one request
-and one answer per connection; a peer that cannot sign with the secret hororun handed to the workers gets no
+"""The elastic driver's wire format: horo's authenticated connections (``horo.core.transport.signed``), one
+request and one answer per connection; a peer that does not hold the key hororun handed to the workers gets no
 answer. A message may carry a binary payload (the committed elastic state) under ``BLOB``.
 """
 
@@ -8,29 +8,34 @@ from __future__ import annotations
 import socket
 from typing import Any
 
-from horo.core.transport.signed import BLOB, MAX_BYTES, recv, send
+from horo.core.transport import signed
+from horo.core.transport.signed import BLOB, MAX_BYTES
 
-__all__ = ["send_msg", "recv_msg", "local_aliases", "MAX_BYTES", "BLOB"]
+__all__ = ["BLOB", "MAX_BYTES", "SERVICE", "local_aliases", "request"]
+
+#: The service name the connections' keys are bound to.
+SERVICE = "elastic"
 
 
-def send_msg(sock: socket.socket, key: bytes, msg: dict[str, Any]) -> None:
-    """Send ``msg``; a ``bytes`` value under ``BLOB`` goes after the signed body as raw bytes."""
-    send(sock, key, msg)
-
-
-def recv_msg(sock: socket.socket, key: bytes) -> dict[str, Any]:
-    """Read one signed message.
+def request(address: str, key: bytes, msg: dict[str, Any], timeout: float = 10.0) -> dict[str, Any]:
+    """Send ``msg`` to the driver at ``address`` (``host:port``) and return its answer.
 
     Raises:
-        ValueError: the message is missing, too long, malformed, or not signed with ``key``.
+        OSError: the driver cannot be reached, is busy past ``timeout``, or closed without answering.
+        ValueError: the answer is refused (not signed with the connection's key, or not to this request) or
+            is not an object.
     """
+    host, port = address.rsplit(":", 1)
+    conn = signed.connect((host, int(port)), key, SERVICE, timeout=timeout)
     try:
-        msg = recv(sock, key)
-    except PermissionError as exc:
-        raise ValueError(f"elastic driver message refused: {exc}") from None
-    if not isinstance(msg, dict):
-        raise ValueError("elastic driver message is not an object (or the peer closed the connection)")
-    return msg
+        reply = conn.request(msg, timeout=timeout)
+    except signed.Refused as exc:
+        raise ValueError(f"elastic driver answer refused: {exc}") from None
+    finally:
+        conn.close()
+    if not isinstance(reply, dict):
+        raise ValueError("the elastic driver closed the connection without an answer")
+    return reply
 
 
 def local_aliases() -> set[str]:

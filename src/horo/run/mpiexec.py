@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -15,11 +16,35 @@ from horo.run.hosts import HostSpec, to_hydra_hosts_arg
 
 __all__ = [
     "HYDRA", "OPENMPI", "LaunchPlan", "MpiexecError", "build_command", "default_binding", "detect_flavor",
-    "find_mpiexec", "local_command", "openmpi_remote_args",
+    "find_mpiexec", "local_command", "ONE_HOST_ENV", "openmpi_env_args", "openmpi_remote_args", "secret_name",
 ]
 
 HYDRA = "hydra"  # MPICH, Intel MPI, MVAPICH: all use the hydra process manager.
 OPENMPI = "openmpi"
+
+
+#: Open MPI settings for a fixed job on this machine alone (a value the user set wins): its ranks talk through
+#: shared memory, so they need no TCP transport, whose listening sockets take every address of the machine
+#: (Open MPI 5.0.11 binds them to the wildcard address whatever its interface settings say). Not for an elastic
+#: job: shared memory does not reach the workers ``MPI_Comm_spawn`` adds ("unreachable proc", measured).
+ONE_HOST_ENV = {"OMPI_MCA_btl": "^tcp"}
+
+#: Names of variables whose value must never be on a command line, where ``ps`` shows it to every user.
+_SECRET = re.compile(r"SECRET|TOKEN|PASSW|(^|_)KEY($|_)", re.IGNORECASE)
+
+
+def secret_name(name: str) -> bool:
+    """Whether ``name`` looks like a credential's (``HORO_JOIN_SECRET``, ``*_TOKEN``, ``*_KEY``, ...)."""
+    return bool(_SECRET.search(name))
+
+
+def openmpi_env_args(genv: dict[str, str]) -> list[str]:
+    """Open MPI's ``-x`` options for ``genv``: a credential by name only (Open MPI then forwards the value
+    from the launcher's own environment, which must hold it), anything else as ``NAME=VALUE``."""
+    out: list[str] = []
+    for name, value in genv.items():
+        out += ["-x", name if secret_name(name) else f"{name}={value}"]
+    return out
 
 
 class MpiexecError(ValueError):
@@ -144,8 +169,7 @@ def build_command(plan: LaunchPlan) -> list[str]:
         if plan.tag_output:
             cmd.append("--tag-output")
         cmd += openmpi_remote_args(plan.ssh_command, plan.interfaces)
-        for name, value in plan.genv.items():
-            cmd += ["-x", f"{name}={value}"]
+        cmd += openmpi_env_args(plan.genv)
         cmd += default_binding(plan.extra_args)
     else:
         if plan.hosts:
@@ -163,8 +187,12 @@ def build_command(plan: LaunchPlan) -> list[str]:
                     f"{','.join(plan.interfaces)!r}. HINT: name one, e.g. --network-interface eth0."
                 )
             cmd += ["-iface", plan.interfaces[0]]
+        hidden = [name for name in plan.genv if secret_name(name)]
         for name, value in plan.genv.items():
-            cmd += ["-genv", name, value]
+            if name not in hidden:
+                cmd += ["-genv", name, value]
+        if hidden:  # by name: hydra takes their values from its own environment
+            cmd += ["-genvlist", ",".join(hidden)]
     return cmd + list(plan.extra_args) + list(plan.command)
 
 

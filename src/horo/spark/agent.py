@@ -4,16 +4,17 @@ An elastic job is hororun's (``horo.run.elastic_launch``: ``mpiexec --with-ft ul
 restarts from the last commit when a host is lost). horo.spark gives it Spark's executors as hosts:
 
 - each Spark task is an *agent* (:func:`make_agent_task`): it registers its host with the Spark driver, which
-  lists the hosts of the live agents to hororun (its host discovery script), and runs Open MPI's daemon on its
-  host when asked, the role ssh plays for hororun;
-- ``remote-start HOST COMMAND``: the program hororun gives mpiexec in place of ssh; it asks HOST's agent to run
+  lists the hosts of the live agents to hororun (its host discovery script), and starts Open MPI's daemon on
+  its host when asked, the role ssh plays for hororun: its own ``prted``, with the daemon's parameters checked
+  (``horo.core.transport.daemon``), never a shell;
+- ``remote-start HOST COMMAND``: the program hororun gives mpiexec in place of ssh; it asks HOST's agent to start
   the daemon (``horo.core.transport.adopt_agent``'s, with the agents the Spark driver lists now);
 - ``keep COMMAND``: what an agent runs the daemon under: it ends the daemon and everything under it (the
   ranks) when the agent's process ends, so an executor that is lost is a host that is lost;
 - ``worker``: each rank: fetches the function from the Spark driver, runs it, sends back its result.
 
-The agents' messages are signed with the job's secret; the ranks get it from their daemon's environment
-(``SPARK_HORO_SECRET``), never on a command line.
+The agents' connections are authenticated with the job's secret (``horo.core.transport.signed``); the ranks
+get it from their daemon's environment (``SPARK_HORO_SECRET``), never on a command line.
 """
 
 from __future__ import annotations
@@ -32,9 +33,10 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from ..core.api import runtime
-from ..core.transport import adopt_agent
+from ..core.transport import adopt_agent, daemon, signed
+from ..core.transport.adopt import SERVER
+from ..core.transport.listener import Listener
 from ..core.transport.netif import interface_of
-from ..core.transport.signed import recv, send
 from ..run import fn_process
 from ..run.launch import descendants
 from .task import PICKLER
@@ -55,55 +57,27 @@ def _prctl(option: int, value: int) -> None:
 
 # ----------------------------------------------------------------------------------------- the agent task
 class _Agent:
-    """Runs Open MPI's daemon on this host for the remote-start program (``adopt_agent``'s protocol)."""
+    """Starts Open MPI's daemon on this host for the remote-start program (``adopt_agent``'s protocol)."""
 
     def __init__(self, ip: str, secret: bytes, env: dict[str, str]) -> None:
-        self.secret = secret
         self.env = env
-        self.sock = socket.create_server((ip, 0))
-        self.port = self.sock.getsockname()[1]
         self.keepers: list[subprocess.Popen] = []
-        self.closed = False
-        threading.Thread(target=self._serve, name="horo-spark-agent", daemon=True).start()
+        self.listener = Listener(ip, 0, secret, SERVER, self._one)
+        self.port = self.listener.port
 
-    def _serve(self) -> None:
-        while not self.closed:
-            try:
-                conn, _ = self.sock.accept()
-            except OSError:
-                return
-            threading.Thread(target=self._one, args=(conn,), daemon=True, name="horo-spark-exec").start()
-
-    def _one(self, conn: socket.socket) -> None:
-        try:
-            conn.settimeout(30)
-            msg = recv(conn, self.secret)
-            conn.settimeout(None)
-        except (OSError, PermissionError):
-            conn.close()
-            return
-        if not isinstance(msg, dict) or msg.get("kind") != "exec" or not isinstance(msg.get("command"), str):
+    def _one(self, conn: signed.Conn) -> None:
+        msg = conn.recv(wait=30.0, within=30.0)
+        if not isinstance(msg, dict) or msg.get("kind") != "daemon":
+            signed.refuse(conn.peer, SERVER, "a request an agent does not take")
             conn.close()
             return
         # The keeper dies with this process (SIGTERM), and then ends the daemon and the ranks under it.
-        proc = subprocess.Popen([sys.executable, "-m", "horo.spark", "keep", "/bin/sh", "-c", msg["command"]],
-                                env=self.env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT, start_new_session=True,
-                                preexec_fn=lambda: _prctl(_PR_SET_PDEATHSIG, int(signal.SIGTERM)))  # noqa: PLW1509
-        self.keepers.append(proc)
-        try:
-            for line in iter(proc.stdout.readline, b""):  # type: ignore[union-attr]
-                send(conn, self.secret, {"out": line.decode(errors="replace")})
-            send(conn, self.secret, {"rc": proc.wait()})
-        except OSError:
-            proc.terminate()  # mpiexec's side is gone: so is the job
-        finally:
-            conn.close()
+        daemon.serve(conn, msg.get("args"), self.env, f"{sys.executable} -m horo.spark remote-start",
+                     wrap=[sys.executable, "-m", "horo.spark", "keep"], started=self.keepers.append,
+                     start_new_session=True, preexec_fn=lambda: _prctl(_PR_SET_PDEATHSIG, int(signal.SIGTERM)))
 
     def close(self) -> None:
-        self.closed = True
-        with contextlib.suppress(OSError):
-            self.sock.close()
+        self.listener.close()
         for proc in self.keepers:
             with contextlib.suppress(OSError):
                 proc.terminate()

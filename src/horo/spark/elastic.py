@@ -42,7 +42,7 @@ _KEPT = ("PATH", "PYTHONPATH", "LD_LIBRARY_PATH", "HOME", "TMPDIR", "LANG", "VIR
 class _Agents:
     """The live agents (Spark tasks), the files hororun reads them from, and the ranks' results."""
 
-    def __init__(self, secret: bytes, payload: bytes, folder: Path) -> None:
+    def __init__(self, secret: bytes, payload: bytes, folder: Path, host: str) -> None:
         self.payload = payload
         self.lock = threading.Condition()
         self.live: dict[tuple[int, int], dict[str, Any]] = {}  # (partition, attempt) -> host, port, iface
@@ -53,7 +53,7 @@ class _Agents:
         self.discovery.write_text(f"#!/bin/sh\ncat {shlex.quote(str(self.hosts_file))}\n")
         self.discovery.chmod(0o700)
         self._write()
-        self.server = Server(secret, self._handle)
+        self.server = Server(secret, self._handle, host)
 
     def _write(self) -> None:
         slots: dict[str, int] = {}
@@ -219,7 +219,7 @@ def run_elastic(fn: Callable[..., Any], args: tuple = (), kwargs: Mapping[str, A
     secret = secrets.token_hex(32)
     with tempfile.TemporaryDirectory(prefix="horo-spark-") as folder:
         agents = _Agents(secret.encode(), fn_process.dumps((fn, tuple(args), dict(kwargs or {})), PICKLER),
-                         Path(folder))
+                         Path(folder), _settings.bind_host(sc))
         driver = f"{_settings.driver_host(sc)}:{agents.server.port}"
         group = _settings.job_group("run_elastic")
         box: dict[str, Any] = {}

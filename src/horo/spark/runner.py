@@ -23,7 +23,7 @@ _GRACE_S = 3.0  # after a rank ended without a result: how long to wait for the 
 class _Job:
     """The driver's view of one run: registered tasks, their ranks, results, the first failure."""
 
-    def __init__(self, num_proc: int, secret: bytes, out: Callable[[int, str, str], None]) -> None:
+    def __init__(self, num_proc: int, secret: bytes, out: Callable[[int, str, str], None], host: str) -> None:
         self.num_proc = num_proc
         self.out = out
         self.lock = threading.Lock()
@@ -36,7 +36,7 @@ class _Job:
         self.ended: dict[int, dict[str, Any]] = {}
         self.first_failure: float | None = None
         self.retried: str | None = None
-        self.server = Server(secret, self._handle)
+        self.server = Server(secret, self._handle, host)
 
     def _handle(self, channel: Channel, msg: dict[str, Any], _blob: bytes | None) -> None:
         if msg.get("op") != "hello" or not isinstance(msg.get("index"), int):
@@ -173,7 +173,7 @@ def run(fn: Callable[..., Any], args: tuple = (), kwargs: Mapping[str, Any] | No
         how = " (inferred from spark.default.parallelism)" if num_proc is None else ""
         log.info("Running %d processes%s...", opts.num_proc, how)
     secret = secrets.token_bytes(32)
-    job = _Job(opts.num_proc, secret, _output(stdout, stderr, prefix_output_with_timestamp))
+    job = _Job(opts.num_proc, secret, _output(stdout, stderr, prefix_output_with_timestamp), _settings.bind_host(sc))
     group = _settings.job_group("run")
     driver = f"{_settings.driver_host(sc)}:{job.server.port}"
     task = make_barrier_task(fn_process.dumps((fn, tuple(args), dict(kwargs or {})), PICKLER), driver, secret, {

@@ -12,8 +12,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["Options", "TimeoutException", "check", "check_elastic", "driver_host", "job_group", "start_timed_out",
-           "worker_python", "workers_python"]
+__all__ = ["Options", "TimeoutException", "bind_host", "check", "check_elastic", "driver_host", "job_group",
+           "start_timed_out", "worker_python", "workers_python"]
 
 _ids = itertools.count()
 log = logging.getLogger("horo.spark")
@@ -40,6 +40,12 @@ def job_group(kind: str) -> str:
 def driver_host(sc: Any) -> str:
     """The address the executors reach the driver at (Spark's own ``spark.driver.host``)."""
     return sc.getConf().get("spark.driver.host") or "127.0.0.1"
+
+
+def bind_host(sc: Any) -> str:
+    """The address the driver's server listens on: the one Spark's own driver binds (``spark.driver.bindAddress``,
+    by default ``spark.driver.host``), never every interface."""
+    return sc.getConf().get("spark.driver.bindAddress") or driver_host(sc)
 
 
 def start_timed_out(timeout: float, started: int, wanted: int) -> TimeoutException:

@@ -51,6 +51,18 @@ _HORO: tuple[Setting, ...] = (
             "process is rank 0, MPI spawns the others), or `hororun` / `mpiexec` (the script runs again on every "
             "rank; always so across nodes and in a SLURM allocation)", var="HORO_LAUNCHER", kind="choice",
             choices=("spawn", "hororun", "mpiexec"), default="spawn", reader="horo.lightning", topic="launching"),
+    Setting("join", _V, "processes another launcher started (torchrun, horo.ray, horo.spark) join one MPI "
+            "world at init(); `0`: init() refuses instead; `ignore`: each runs as a world of one, on purpose",
+            var="HORO_JOIN", default="1", reader="init()",
+            topic="launching"),
+    Setting("join_port", _V, "the joining's rendezvous port on `MASTER_ADDR`", var="HORO_JOIN_PORT", kind="int",
+            note="`MASTER_PORT` + 1", reader="init()", topic="launching"),
+    Setting("join_timeout", _V, "seconds the joining waits for every process and for the MPI job",
+            var="HORO_JOIN_TIMEOUT", kind="float", default="120", reader="init()", topic="launching"),
+    Setting("join_secret", _V, "the key of processes another launcher started (torchrun across hosts): the same "
+            "random value, 32 characters or more, in every process's environment, never on a command line; "
+            "unset on one host, local rank 0 draws one ([Keys](cluster.md#keys))", var="HORO_JOIN_SECRET",
+            reader="init()", topic="launching"),
     Setting("spark_start_timeout", _V, "seconds for horo.spark's tasks to start", var="HORO_SPARK_START_TIMEOUT",
             horovod="HOROVOD_SPARK_START_TIMEOUT", kind="float", default="600", reader="horo.spark",
             topic="launching"),

@@ -7,11 +7,12 @@ process would start MPI as a world of one. Instead, at ``init()`` and before MPI
 *adopted* by one real MPI job (docs/design-join.md):
 
 1. they meet at a rendezvous on the described master (``MASTER_ADDR``, port ``HORO_JOIN_PORT``, by default
-   ``MASTER_PORT + 1``), each telling rank 0 its host address and the port of a small server of its own;
-   every message is signed with the job's secret (HMAC-SHA256);
+   ``MASTER_PORT + 1``), each telling rank 0 its host address and the port of a small server of its own,
+   over connections authenticated with the job's key (``signed``; the key: ``joinkey``);
 2. rank 0 starts hororun (a subprocess: the launcher stays outside the core) for N *placeholder* processes,
    placed host by host in rank order; Open MPI starts its daemon on another host through a remote-start
-   program that asks that host's local rank 0 process to run it (the role ssh plays for hororun);
+   program that asks that host's local rank 0 process to start it (the role ssh plays for hororun), which
+   starts its own ``prted`` with the daemon's checked parameters (``daemon``), never a shell;
 3. each placeholder, MPI rank k of that job, hands its MPI environment to process k and stays while it runs;
    process k takes that environment and starts MPI as rank k of the job: a real MPI world of N, with every
    horo feature, in the processes the user's launcher started.
@@ -27,7 +28,6 @@ import atexit
 import json
 import os
 import shlex
-import socket
 import subprocess
 import sys
 import threading
@@ -37,10 +37,15 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..base.config import started_by_launcher
+from . import daemon, joinkey, signed
+from .listener import Listener
 from .netif import interface_of
-from .signed import recv, send
 
-__all__ = ["Described", "JoinError", "described", "join", "leave"]
+__all__ = ["RENDEZVOUS", "SERVER", "Described", "JoinError", "described", "join", "leave"]
+
+#: The services of the joining (each connection's key is bound to its service): the rendezvous at rank 0, and
+#: each process's own server (its placeholder, and the remote-start program asking for Open MPI's daemon).
+RENDEZVOUS, SERVER = "join-rendezvous", "join-server"
 
 #: Variables of an MPI job that a placeholder hands to its process (PMIx's, Open MPI's and its runtime's).
 _MPI_PREFIXES = ("PMIX_", "OMPI_", "PRTE_", "OPAL_")
@@ -65,7 +70,7 @@ class Described:
     local_rank: int
     master: str
     port: int
-    secret: bytes
+    secret: bytes | None  # HORO_JOIN_SECRET; None: a one-host job's local key (``joinkey``)
     timeout: float
 
 
@@ -94,11 +99,11 @@ def described(environ: Mapping[str, str] | None = None) -> Described | None:
     explicit = _int(environ, "HORO_JOIN_PORT")
     base = _int(environ, port) if port else None
     join_port = explicit if explicit is not None else (base + 1 if base is not None else None)
-    secret = environ.get("HORO_JOIN_SECRET") or "|".join(
-        environ.get(k, "") for k in ("TORCHELASTIC_RUN_ID", "MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE"))
+    secret = environ.get("HORO_JOIN_SECRET")
     return Described(launcher=launcher, size=n, rank=r, local_rank=_int(environ, local) or 0,
                      master=environ.get(master, "") or "127.0.0.1", port=join_port or 0,
-                     secret=secret.encode(), timeout=float(environ.get("HORO_JOIN_TIMEOUT", "120")))
+                     secret=secret.encode() if secret else None,
+                     timeout=float(environ.get("HORO_JOIN_TIMEOUT", "120")))
 
 
 def refusal(d: Described, why: str) -> JoinError:
@@ -114,68 +119,65 @@ def refusal(d: Described, why: str) -> JoinError:
 # ------------------------------------------------------------------------------------------ the joining
 class _Server:
     """This process's own server: its placeholder connects here, and (on a host's local rank 0) the
-    remote-start program asks it to run Open MPI's daemon. It takes such a request from rank 0's host only,
-    for Open MPI's daemon only, and stops listening once this process's placeholder has come (every daemon is
-    running by then)."""
+    remote-start program asks it to start Open MPI's daemon. It takes such a request from rank 0's host only,
+    with the daemon's parameters only, and stops listening once this process's placeholder has come (every
+    daemon is running by then)."""
 
-    def __init__(self, d: Described, ip: str, root_ip: str) -> None:
-        self.d, self.root_ip = d, root_ip
-        self.sock = socket.create_server((ip, 0))
-        self.port = self.sock.getsockname()[1]
+    def __init__(self, d: Described, key: bytes, ip: str, root_ip: str) -> None:
+        self.d, self.key, self.root_ip = d, key, root_ip
         self.env: dict[str, str] | None = None
-        self.placeholder: socket.socket | None = None
+        self.placeholder: signed.Conn | None = None
         self.ready = threading.Event()
-        threading.Thread(target=self._serve, name="horo-join", daemon=True).start()
+        self.listener = Listener(ip, 0, key, SERVER, self._one)
+        self.port = self.listener.port
 
-    def _serve(self) -> None:
-        while not self.ready.is_set():
-            try:
-                conn, _ = self.sock.accept()
-            except OSError:
-                return  # closed: the joining is over
-            threading.Thread(target=self._one, args=(conn,), name="horo-join-conn", daemon=True).start()
-
-    def _one(self, conn: socket.socket) -> None:
-        try:
-            msg = recv(conn, self.d.secret)
-        except (OSError, PermissionError):
-            conn.close()
-            return
+    def _one(self, conn: signed.Conn) -> None:
+        msg = conn.recv(wait=30.0, within=30.0)
         if isinstance(msg, dict) and msg.get("kind") == "placeholder" and msg.get("rank") == self.d.rank:
             self.env, self.placeholder = msg["env"], conn
             self.ready.set()
-            self.sock.close()
-        elif (isinstance(msg, dict) and msg.get("kind") == "exec" and self.d.local_rank == 0
-              and conn.getpeername()[0] == self.root_ip and "prted" in str(msg.get("command"))):
-            _run_daemon(conn, self.d.secret, msg["command"])
+            self.listener.close()
+        elif isinstance(msg, dict) and msg.get("kind") == "daemon" and self.d.local_rank == 0 \
+                and conn.peer == self.root_ip:
+            daemon.serve(conn, msg.get("args"), dict(os.environ), f"{sys.executable} -m {_AGENT} remote-start")
         else:
+            signed.refuse(conn.peer, SERVER, "a request this process does not take from that address")
             conn.close()
 
 
-def _run_daemon(conn: socket.socket, secret: bytes, command: str) -> None:
-    """Run Open MPI's daemon command for the remote-start program, streaming its output back."""
-    proc = subprocess.Popen(["/bin/sh", "-c", command], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            stdin=subprocess.DEVNULL)
+_AGENT = "horo.core.transport.adopt_agent"
+
+
+def _key(d: Described, deadline: float, stale: bytes | None = None) -> bytes:
+    """The key of this joined world (``joinkey``)."""
     try:
-        for line in iter(proc.stdout.readline, b""):  # type: ignore[union-attr]
-            send(conn, secret, {"out": line.decode(errors="replace")})
-        send(conn, secret, {"rc": proc.wait()})
-    except OSError:
-        proc.kill()  # the remote-start program is gone: so is the job
-    finally:
-        conn.close()
+        given = joinkey.from_environment({"HORO_JOIN_SECRET": (d.secret or b"").decode()})
+        if given is not None:
+            return given
+        if not joinkey.one_host(os.environ, d.master):
+            raise refusal(d, joinkey.across_hosts_refusal())
+        path = joinkey.local_file(os.environ, os.getppid())
+        if d.local_rank == 0 and stale is None:
+            return joinkey.write_local(path)
+        return joinkey.read_local(path, deadline, stale)
+    except (ValueError, OSError, joinkey.NoKey) as exc:
+        raise refusal(d, str(exc)) from None
 
 
-def _facing_ip(master: str, port: int, deadline: float) -> tuple[socket.socket | None, str]:
-    """(a connection to rank 0's rendezvous, the local address that faces it)."""
+def _rendezvous(d: Described, key: bytes, deadline: float) -> tuple[signed.Conn, bytes]:
+    """A rank but 0: an authenticated connection to rank 0's rendezvous (and the key it took). A one-host
+    job's key read before local rank 0 replaced an earlier run's is read again."""
     while True:
         try:
-            sock = socket.create_connection((master, port), timeout=5)
-            return sock, sock.getsockname()[0]
-        except OSError:
+            return signed.connect((d.master, d.port), key, RENDEZVOUS, max(deadline - time.monotonic(), 1.0)), key
+        except ConnectionRefusedError:
             if time.monotonic() > deadline:
                 raise
-            time.sleep(0.2)
+            time.sleep(0.2)  # rank 0 is not listening yet
+        except signed.Refused:
+            if d.secret is not None or time.monotonic() > deadline:
+                raise
+            key = _key(d, deadline, stale=key)
 
 
 def join(d: Described) -> None:
@@ -195,25 +197,29 @@ def join(d: Described) -> None:
     if d.port <= 0 or d.port > 65535:
         raise refusal(d, f"no rendezvous port (HORO_JOIN_PORT or MASTER_PORT + 1). Received: port={d.port}")
     deadline = time.monotonic() + d.timeout
+    key = _key(d, deadline)
     try:
         if d.rank == 0:
-            listener = socket.create_server((d.master, d.port), reuse_port=False)
-            ip = listener.getsockname()[0]
-            server = _Server(d, ip, ip)
-            table = _gather(d, listener, {"rank": 0, "ip": ip, "port": server.port,
-                                          "iface": interface_of(ip)}, deadline)
-            _launch(d, table)
+            gather = _Gather(d, key)
+            try:
+                ip = gather.listener.address[0]
+                server = _Server(d, key, ip, ip)
+                table = gather.wait({"rank": 0, "ip": ip, "port": server.port, "iface": interface_of(ip)}, deadline)
+            finally:
+                gather.listener.close()
+            joinkey.retire()  # every rank proved it holds the key
+            _launch(d, key, table)
         else:
-            sock, ip = _facing_ip(d.master, d.port, deadline)
-            server = _Server(d, ip, sock.getpeername()[0])
-            send(sock, d.secret, {"rank": d.rank, "local_rank": d.local_rank, "ip": ip, "port": server.port,
-                                  "iface": interface_of(ip)})
-            sock.settimeout(max(deadline - time.monotonic(), 1.0))
-            answer = recv(sock, d.secret)
+            conn, key = _rendezvous(d, key, deadline)
+            ip = conn.sock.getsockname()[0]
+            server = _Server(d, key, ip, conn.peer)
+            answer = conn.request({"rank": d.rank, "local_rank": d.local_rank, "ip": ip, "port": server.port,
+                                   "iface": interface_of(ip)}, timeout=max(deadline - time.monotonic(), 1.0))
+            conn.close()
             if not isinstance(answer, dict) or answer.get("go") is not True:
                 why = answer.get("error") if isinstance(answer, dict) else "rank 0 closed the rendezvous"
                 raise refusal(d, str(why))
-    except (OSError, PermissionError) as exc:
+    except (OSError, signed.Refused) as exc:
         raise refusal(d, f"the rendezvous at {d.master}:{d.port} failed ({exc})") from None
     if not server.ready.wait(max(deadline - time.monotonic(), 1.0)):
         raise refusal(d, f"no MPI process was started for rank {d.rank} within {d.timeout:g} s "
@@ -237,46 +243,58 @@ def leave(timeout: float = 10.0) -> None:
             pass  # its placeholders have not all ended yet; atexit reaps it
 
 
-def _gather(d: Described, listener: socket.socket, mine: dict[str, Any], deadline: float) -> list[dict[str, Any]]:
-    """Rank 0: every rank's address, in rank order; then tell each to go on."""
-    table: dict[int, dict[str, Any]] = {0: mine}
-    conns: list[socket.socket] = []
-    while len(table) < d.size:
-        listener.settimeout(max(deadline - time.monotonic(), 0.01))
-        try:
-            conn, _ = listener.accept()
-        except TimeoutError:
-            missing = sorted(set(range(d.size)) - set(table))
-            for c in conns:
-                send(c, d.secret, {"error": f"ranks {missing[:16]} never reached the rendezvous"})
-            raise refusal(d, f"ranks {missing[:16]} never reached the rendezvous at {d.master}:{d.port} within "
-                             f"{d.timeout:g} s (HORO_JOIN_TIMEOUT)") from None
-        try:
-            conn.settimeout(10)
-            msg = recv(conn, d.secret)
-        except (OSError, PermissionError):
-            conn.close()  # not one of ours: ignore it
-            continue
-        if not isinstance(msg, dict) or not isinstance(msg.get("rank"), int) or msg["rank"] in table:
-            conn.close()
-            continue
-        table[msg["rank"]] = msg
-        conns.append(conn)
-    rows = [table[r] for r in range(d.size)]
-    hosts = [row["ip"] for row in rows]
-    order = [h for i, h in enumerate(hosts) if i == 0 or hosts[i - 1] != h]
-    if len(order) != len(set(order)):
-        error = f"the ranks of each host are not consecutive (hosts by rank: {hosts})"
-        for c in conns:
-            send(c, d.secret, {"error": error})
-        raise refusal(d, error)
-    for c in conns:
-        send(c, d.secret, {"go": True})
-        c.close()
-    return rows
+class _Gather:
+    """Rank 0: the rendezvous. Every rank's address, in rank order; then each is told to go on (or why not)."""
+
+    def __init__(self, d: Described, key: bytes) -> None:
+        self.d = d
+        self.table: dict[int, dict[str, Any]] = {}
+        self.conns: list[signed.Conn] = []
+        self.changed = threading.Condition()
+        self.listener = Listener(d.master, d.port, key, RENDEZVOUS, self._one)
+
+    def _one(self, conn: signed.Conn) -> None:
+        msg = conn.recv(wait=10.0, within=10.0)
+        with self.changed:
+            if not isinstance(msg, dict) or not isinstance(msg.get("rank"), int) or msg["rank"] in self.table \
+                    or not 0 < msg["rank"] < self.d.size:
+                conn.close()
+                return
+            self.table[msg["rank"]] = msg
+            self.conns.append(conn)
+            self.changed.notify_all()
+
+    def _tell(self, answer: dict[str, Any]) -> None:
+        for c in self.conns:
+            try:
+                c.reply(answer)
+            except OSError:
+                pass
+            c.close()
+
+    def wait(self, mine: dict[str, Any], deadline: float) -> list[dict[str, Any]]:
+        d = self.d
+        with self.changed:
+            self.table[0] = mine
+            while len(self.table) < d.size and self.changed.wait(max(deadline - time.monotonic(), 0.0)):
+                pass
+            if len(self.table) < d.size:
+                missing = sorted(set(range(d.size)) - set(self.table))
+                self._tell({"error": f"ranks {missing[:16]} never reached the rendezvous"})
+                raise refusal(d, f"ranks {missing[:16]} never reached the rendezvous at {d.master}:{d.port} "
+                                 f"within {d.timeout:g} s (HORO_JOIN_TIMEOUT)")
+            rows = [self.table[r] for r in range(d.size)]
+        hosts = [row["ip"] for row in rows]
+        order = [h for i, h in enumerate(hosts) if i == 0 or hosts[i - 1] != h]
+        if len(order) != len(set(order)):
+            error = f"the ranks of each host are not consecutive (hosts by rank: {hosts})"
+            self._tell({"error": error})
+            raise refusal(d, error)
+        self._tell({"go": True})
+        return rows
 
 
-def _launch(d: Described, table: list[dict[str, Any]]) -> None:
+def _launch(d: Described, key: bytes, table: list[dict[str, Any]]) -> None:
     """Rank 0: start the placeholders' MPI job through hororun, in the background."""
     slots: list[list[Any]] = []
     for row in table:
@@ -290,7 +308,7 @@ def _launch(d: Described, table: list[dict[str, Any]]) -> None:
     for k in [k for k in env if k.startswith(_MPI_PREFIXES)]:
         del env[k]
     env.update({"HORO_JOIN_TABLE": json.dumps([f"{r['ip']}:{r['port']}" for r in table]),
-                "HORO_JOIN_AGENTS": json.dumps(agents), "HORO_JOIN_SECRET": d.secret.decode(),
+                "HORO_JOIN_AGENTS": json.dumps(agents), "HORO_JOIN_SECRET": key.decode(),
                 "HORO_JOIN": "ignore",
                 # The placeholders only wait: binding them to cores (Open MPI's default) gains nothing and
                 # refuses more processes than cores, which the launcher's own processes may well be.
@@ -314,7 +332,7 @@ def _reap(proc: subprocess.Popen) -> None:
         proc.kill()
 
 
-def _watch(placeholder: socket.socket, d: Described) -> None:
+def _watch(placeholder: signed.Conn, d: Described) -> None:
     """Tell the placeholder when this process ends (after MPI's own end); end this process if the job ends
     under it (its placeholder was killed: another rank failed and the job was aborted)."""
     done = threading.Event()
@@ -327,14 +345,14 @@ def _watch(placeholder: socket.socket, d: Described) -> None:
             mpi.Finalize()  # before the placeholder goes: its daemon counts this rank as ended with it
         done.set()
         try:
-            send(placeholder, d.secret, {"bye": 0})
+            placeholder.send({"bye": 0})
             placeholder.close()
         except OSError:
             pass
 
     def watch() -> None:
         try:
-            while placeholder.recv(1):
+            while placeholder.sock.recv(1):  # it sends nothing more: only its end is awaited
                 pass
         except OSError:
             pass

@@ -3,9 +3,10 @@
 - ``placeholder``: started by Open MPI as rank k of the joining job; hands its MPI environment to process k
   of the launcher's world and stays until that process ends, then ends with it;
 - ``remote-start [ssh options] HOST COMMAND...``: Open MPI's remote-start program (in place of ssh): asks
-  the process of local rank 0 on HOST to run COMMAND (Open MPI's daemon) and relays its output and status.
+  the process of local rank 0 on HOST to start Open MPI's daemon with the parameters in COMMAND (never the
+  command itself: ``daemon``), and relays its output and status.
 
-Both read ``HORO_JOIN_SECRET``, ``HORO_JOIN_TABLE`` (every rank's server, in rank order) and
+Both read ``HORO_JOIN_SECRET`` (the key), ``HORO_JOIN_TABLE`` (every rank's server, in rank order) and
 ``HORO_JOIN_AGENTS`` (host -> its local rank 0's server) from the environment rank 0 started the job with.
 """
 
@@ -13,31 +14,28 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import sys
 
-from .adopt import _MPI_PREFIXES
-from .signed import recv, send
+from . import daemon, signed
+from .adopt import _MPI_PREFIXES, SERVER
 
 __all__ = ["main"]
 
 
-def _connect(address: str) -> socket.socket:
+def _connect(address: str) -> signed.Conn:
     host, port = address.rsplit(":", 1)
-    return socket.create_connection((host, int(port)), timeout=30)
+    return signed.connect((host, int(port)), os.environ["HORO_JOIN_SECRET"].encode(), SERVER, timeout=30)
 
 
 def placeholder() -> int:
-    secret = os.environ["HORO_JOIN_SECRET"].encode()
     rank = int(os.environ["OMPI_COMM_WORLD_RANK"])
     table = json.loads(os.environ["HORO_JOIN_TABLE"])
-    sock = _connect(table[rank])
-    sock.settimeout(None)
-    send(sock, secret, {"kind": "placeholder", "rank": rank,
-                        "env": {k: v for k, v in os.environ.items() if k.startswith(_MPI_PREFIXES)}})
+    conn = _connect(table[rank])
+    conn.send({"kind": "placeholder", "rank": rank,
+               "env": {k: v for k, v in os.environ.items() if k.startswith(_MPI_PREFIXES)}})
     try:
-        msg = recv(sock, secret)  # blocks while process `rank` runs
-    except (OSError, PermissionError):
+        msg = conn.recv(wait=None)  # blocks while process `rank` runs
+    except (OSError, signed.Refused):
         msg = None
     return 0 if isinstance(msg, dict) and msg.get("bye") == 0 else 1
 
@@ -56,16 +54,21 @@ def remote_start(argv: list[str]) -> int:
         sys.stderr.write(f"horo remote-start: no process of the joining world runs on {host!r}. Received: "
                          f"host={host!r}; hosts: {sorted(agents)}\n")
         return 255
-    secret = os.environ["HORO_JOIN_SECRET"].encode()
-    sock = _connect(agents[host])
-    sock.settimeout(None)
-    send(sock, secret, {"kind": "exec", "command": command})
+    try:
+        params = daemon.parameters(command)
+    except ValueError as exc:
+        sys.stderr.write(f"horo remote-start: {exc}\n")
+        return 255
+    conn = _connect(agents[host])
+    seq = conn.send({"kind": "daemon", "args": params})
     while True:
         try:
-            msg = recv(sock, secret)
-        except (OSError, PermissionError):
+            msg = conn.recv(wait=None)
+        except (OSError, signed.Refused):
             return 255
         if msg is None:
+            return 255
+        if conn.answers != seq + 1:
             return 255
         if "out" in msg:
             sys.stdout.write(msg["out"])

@@ -4,11 +4,11 @@ MPI never notices a peer that stops answering without closing its connections (a
 or a switch port going dark: no FIN, no RST), so every rank would wait in its next collective forever. From
 ``init()`` on, every rank has a small heartbeat process of its own (``heartbeat_proc.py``): rank 0's hears
 from every rank's, and tells each it is alive, every ``HORO_HEARTBEAT_TIMEOUT_SECONDS / 6`` (at most 1 s),
-over TCP connections of their own (loopback when the job is on one host), each message signed with a secret
-rank 0 draws and hands out over MPI. Being a process, it needs nothing of the rank: a rank computing for
-hours, or inside a C extension that holds the interpreter lock, keeps answering; a rank stopped (SIGSTOP)
-stops its heartbeats, so a rank stopped for less than the timeout is not reported. A connection that
-closes is a process that ended; MPI and horo's other checks deal with that.
+over TCP connections of their own (loopback when the job is on one host), authenticated with a key rank 0
+draws and hands out over MPI (``signed``; each process gets it on stdin). Being a process, it needs nothing
+of the rank: a rank computing for hours, or inside a C extension that holds the interpreter lock, keeps
+answering; a rank stopped (SIGSTOP) stops its heartbeats, so a rank stopped for less than the timeout is not
+reported. A connection that closes is a process that ended; MPI and horo's other checks deal with that.
 
 A peer silent for ``HORO_HEARTBEAT_TIMEOUT_SECONDS`` (default 5; 0 turns heartbeats off) is declared lost:
 

@@ -2,7 +2,8 @@
 
 A process of its own, so that nothing the rank does can starve it: a C extension that holds the interpreter
 lock for seconds (a large import, a long kernel) stops a thread of the rank, not this process. It imports the
-standard library and its sibling ``signed.py`` only, and starts in milliseconds.
+standard library and its siblings ``signed.py`` and ``listener.py`` only, and starts in milliseconds. Its
+connections are horo's authenticated ones (``signed``): the key reaches it on stdin, never a command line.
 
 Protocol with the rank, one JSON object per line: the rank writes its settings on stdin; rank 0's process
 answers with the addresses it listens on, every process answers whether it connected; then the rank's stdin
@@ -16,12 +17,15 @@ import selectors
 import signal
 import socket
 import sys
+import threading
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import signed  # noqa: E402 - the sibling module, by path: no package import (it would cost a second)
+import listener  # noqa: E402 - the sibling modules, by path: no package import (it would cost a second)
+import signed  # noqa: E402
 
 SETUP_S = 20.0
+SERVICE = "heartbeat"
 
 
 def say(obj):
@@ -57,39 +61,44 @@ class Beats:
         self.status_dir = cfg.get("status_dir")
         self.peers = {}  # rank -> connection (rank 0: every rank; the others: rank 0)
         self.seen, self.gone = {}, set()
-        self.beat = signed.encode(self.secret, {"beat": self.me})
+        self.joined = threading.Condition()
 
-    def accept(self, listeners):
-        sel = selectors.DefaultSelector()
-        for s in listeners:
-            sel.register(s, selectors.EVENT_READ)
+    def listen(self, offers):
+        """Rank 0: a listener on each offered address (one that cannot be bound is left out)."""
+        out = []
+        for ip in offers:
+            with contextlib.suppress(OSError):
+                out.append(listener.Listener(ip, 0, self.secret, SERVICE, self._hello))
+        return out
+
+    def _hello(self, conn):
+        hello = conn.recv(wait=5.0, within=5.0)
+        r = hello.get("hello") if isinstance(hello, dict) else None
+        with self.joined:
+            if isinstance(r, int) and 0 < r < self.size and r not in self.peers:
+                self.peers[r] = conn
+                self.joined.notify_all()
+                return
+        signed.refuse(conn.peer, SERVICE, f"a hello from no rank of this job (rank {r!r})")
+        conn.close()
+
+    def accept(self):
         deadline = time.monotonic() + SETUP_S
-        while len(self.peers) < self.size - 1 and time.monotonic() < deadline:
-            for key, _ in sel.select(timeout=max(deadline - time.monotonic(), 0.01)):
-                conn, _ = key.fileobj.accept()
-                conn.settimeout(5.0)
-                try:
-                    hello = signed.recv(conn, self.secret)
-                except (OSError, PermissionError):
-                    hello = None
-                r = hello.get("hello") if isinstance(hello, dict) else None
-                if isinstance(r, int) and 0 < r < self.size and r not in self.peers:
-                    self.peers[r] = conn
-                else:
-                    conn.close()  # not one of this job's ranks
-        sel.close()
-        return [r for r in range(1, self.size) if r not in self.peers]
+        with self.joined:
+            while len(self.peers) < self.size - 1 and self.joined.wait(max(deadline - time.monotonic(), 0.0)):
+                pass
+            return [r for r in range(1, self.size) if r not in self.peers]
 
     def connect(self, addrs):
         deadline = time.monotonic() + SETUP_S
         while time.monotonic() < deadline:
             for host, port in addrs:
                 try:
-                    s = socket.create_connection((host, port), timeout=3.0)
+                    conn = signed.connect((host, port), self.secret, SERVICE, timeout=3.0)
+                    conn.send({"hello": self.me})
                 except OSError:
                     continue
-                signed.send(s, self.secret, {"hello": self.me})
-                self.peers[0] = s
+                self.peers[0] = conn
                 return True
             time.sleep(0.2)
         return False
@@ -97,10 +106,10 @@ class Beats:
     def run(self, control):
         sel = selectors.DefaultSelector()
         sel.register(control, selectors.EVENT_READ, None)
-        for r, s in self.peers.items():
-            s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            s.setblocking(False)
-            sel.register(s, selectors.EVENT_READ, r)
+        for r, conn in self.peers.items():
+            conn.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            conn.sock.setblocking(False)
+            sel.register(conn.sock, selectors.EVENT_READ, r)
             self.seen[r] = time.monotonic()
         next_beat = 0.0
         while True:
@@ -110,40 +119,42 @@ class Beats:
                 if state == "":
                     return  # the rank is gone: so are its heartbeats
                 if state not in ("T", "t"):  # a stopped rank sends none: its peers are to notice
-                    for r, s in list(self.peers.items()):
+                    for r, conn in list(self.peers.items()):
                         if r not in self.gone:
-                            self._send(s, self.beat)
+                            self._send(conn, {"beat": self.me})
                 next_beat = now + self.period
             for key, _ in sel.select(timeout=max(next_beat - time.monotonic(), 0.01)):
                 if key.data is None:
                     if not os.read(control.fileno(), 4096):
                         return  # the rank closed our stdin: its world has ended
                     continue
-                self._read(key.data, key.fileobj, sel)
+                self._read(key.data, self.peers[key.data], sel)
             now = time.monotonic()
             for r in list(self.peers):
                 if r not in self.gone and now - self.seen[r] > self.timeout:
                     self._silent(r, now - self.seen[r], seen_by=self.me)
 
-    def _send(self, sock, data):
+    def _send(self, conn, obj):
         with contextlib.suppress(OSError):
-            sock.send(data)  # a full buffer means a silent peer: its silence is what counts, not this beat
+            conn.send_nowait(obj)  # a full buffer means a silent peer: its silence is what counts, not this beat
 
-    def _read(self, r, sock, sel):
+    def _read(self, r, conn, sel):
         try:
-            sock.settimeout(1.0)  # the rest of a message that has begun to arrive
-            msg = signed.recv(sock, self.secret)
+            msg = conn.recv(wait=1.0, within=1.0)  # it has begun to arrive: the rest within a second
         except TimeoutError:
             return  # half a message, then nothing: silence, which the check after this read sees in time
-        except (OSError, PermissionError):
+        except signed.Refused as exc:
+            signed.refuse(conn.peer, SERVICE, str(exc))
+            msg = None
+        except OSError:
             msg = None
         finally:
             with contextlib.suppress(OSError):
-                sock.setblocking(False)
+                conn.sock.setblocking(False)
         if msg is None:  # the peer's process ended, or its world did: not silence
             self.gone.add(r)
             with contextlib.suppress(KeyError, ValueError):
-                sel.unregister(sock)
+                sel.unregister(conn.sock)
             return
         self.seen[r] = time.monotonic()
         if isinstance(msg, dict) and "silent" in msg:
@@ -152,10 +163,10 @@ class Beats:
     def _silent(self, r, age, seen_by):
         host, mine = self.hosts[r], self.hosts[self.me]
         if self.me == 0 and seen_by == 0:
-            notice = signed.encode(self.secret, {"silent": r, "age": age, "seen_by": 0})
-            for peer, s in self.peers.items():
+            notice = {"silent": r, "age": age, "seen_by": 0}
+            for peer, conn in self.peers.items():
                 if peer != r and peer not in self.gone:
-                    self._send(s, notice)
+                    self._send(conn, notice)
         self.gone.add(r)
         if self.elastic and host == mine and self.pids[r] > 0:
             # A worker on this host that stopped answering is a failed worker: ULFM takes it from here.
@@ -186,23 +197,20 @@ def main():
     cfg = json.loads(control.readline())
     beats = Beats(cfg)
     if beats.me == 0:
-        listeners = []
-        for ip in cfg["offers"]:
-            with contextlib.suppress(OSError):
-                listeners.append(socket.create_server((ip, 0)))
-        say({"listening": [list(s.getsockname()[:2]) for s in listeners]})
-        missing = beats.accept(listeners)
+        listeners = beats.listen(cfg["offers"])
+        say({"listening": [list(s.address) for s in listeners]})
+        missing = beats.accept()
         for s in listeners:
             s.close()
         say({"ok": not missing, "missing": missing})
     else:
         addrs = json.loads(control.readline())["addrs"]
         say({"ok": beats.connect([tuple(a) for a in addrs])})
-    if json.loads(control.readline()).get("run"):
+    line = control.readline()  # empty: the rank ended the set-up (another rank could not connect)
+    if line and json.loads(line).get("run"):
         beats.run(control)
-    for s in beats.peers.values():
-        with contextlib.suppress(OSError):
-            s.close()
+    for conn in beats.peers.values():
+        conn.close()
 
 
 if __name__ == "__main__":

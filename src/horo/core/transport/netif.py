@@ -6,7 +6,7 @@ from __future__ import annotations
 import socket
 import struct
 
-__all__ = ["addresses", "interface_of"]
+__all__ = ["addresses", "facing", "interface_of"]
 
 _SIOCGIFADDR = 0x8915
 
@@ -31,3 +31,11 @@ def addresses() -> list[tuple[str, str]]:
 def interface_of(ip: str) -> str | None:
     """The name of the interface holding ``ip``, if any."""
     return next((name for name, addr in addresses() if addr == ip), None)
+
+
+def facing(host: str) -> str:
+    """This host's address that faces ``host`` (the source address the kernel routes to it from; no packet is
+    sent). Raises ``OSError`` when ``host`` does not resolve or cannot be routed to."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.connect((host, 9))
+        return str(s.getsockname()[0])
