@@ -1,7 +1,9 @@
 """Chrome-trace timeline (opens in Perfetto / chrome://tracing), written by rank 0.
 
 The file is valid JSON after every flush: each batch of events overwrites the closing bracket and
-writes it again, so a job killed mid-run still leaves a loadable trace.
+writes it again, so a job killed mid-run still leaves a loadable trace. The engine writes the rows of the
+operations it runs; :meth:`Timeline.collective` those of a synchronous collective (a framework's gradient
+exchange: Keras's, ``DistributedGradientTape``'s, JAX's), in the same phases.
 """
 
 from __future__ import annotations
@@ -10,11 +12,15 @@ import json
 import os
 import threading
 import time
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from .state import require_init
 
 __all__ = ["Timeline", "timeline", "start_timeline", "stop_timeline"]
+
+_A = TypeVar("_A")
+_R = TypeVar("_R")
 
 
 class Timeline:
@@ -29,6 +35,7 @@ class Timeline:
         self._buf: list[dict[str, Any]] = []
         self.t0 = time.perf_counter()
         self.pid = 0
+        self._on_start: list[Callable[[], Any]] = []
 
     @property
     def active(self) -> bool:
@@ -46,6 +53,13 @@ class Timeline:
             self._tids = {}
             self.pid = pid
             self._file.flush()
+        for callback in self._on_start:
+            callback()
+
+    def on_start(self, callback: Callable[[], Any]) -> None:
+        """Call ``callback()`` whenever a timeline starts (a fast path that would bypass the rows drops its
+        remembered calls)."""
+        self._on_start.append(callback)
 
     def now_us(self) -> float:
         return (time.perf_counter() - self.t0) * 1e6
@@ -68,6 +82,20 @@ class Timeline:
             if args:
                 event["args"] = args
             self._buf.append(event)
+
+    def collective(self, tensor: str, phase: str, agree: Callable[[], _A], run: Callable[[_A], _R],
+                   **args: Any) -> _R:
+        """``run(agree())``, recorded: ``NEGOTIATE`` spans the agreement (it waits for every rank of the set),
+        ``phase`` the data movement; flushed at once, as a synchronous call may be a step's last."""
+        t0 = self.now_us()
+        agreed = agree()
+        t1 = self.now_us()
+        out = run(agreed)
+        t2 = self.now_us()
+        self.span(tensor, "NEGOTIATE", t0, t1)
+        self.span(tensor, phase, t1, t2, **args)
+        self.flush()
+        return out
 
     def flush(self) -> None:
         with self._lock:
