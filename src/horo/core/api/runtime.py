@@ -115,7 +115,7 @@ def init(comm: Any = None, process_sets: Sequence[ProcessSet] | str | None = Non
         add_process_set(ps)
     path = os.environ.get("HORO_TIMELINE")
     if path and world.Get_rank() == 0:
-        timeline.start(path)
+        timeline.start(path, mark_cycles=config["HORO_TIMELINE_MARK_CYCLES"] > 0)
 
     if world.Get_size() > 1 and os.environ.get("HORO_ABORT_ON_ERROR", "1") != "0":
         sys.excepthook = _abort_on_uncaught

@@ -207,6 +207,8 @@ _DEFAULTS: dict[str, float] = {
     # Seconds a peer may send no heartbeat before it is taken for lost (its host frozen, or the link to it
     # silently cut); heartbeats run in a process of each rank's own, so a long step never trips it. 0: none.
     "HORO_HEARTBEAT_TIMEOUT_SECONDS": 5.0,
+    # Above 0: the timeline marks each round of the engine (CYCLE_START), as Horovod marks its cycles.
+    "HORO_TIMELINE_MARK_CYCLES": 0.0,
     # 1: reduce/gather inside each host, then across one leader per host (see hierarchy.py).
     "HORO_HIERARCHICAL_ALLREDUCE": 0.0,
     "HORO_HIERARCHICAL_ALLGATHER": 0.0,

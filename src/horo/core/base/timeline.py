@@ -35,13 +35,14 @@ class Timeline:
         self._buf: list[dict[str, Any]] = []
         self.t0 = time.perf_counter()
         self.pid = 0
+        self.mark_cycles = False  # the engine marks each round's start (HORO_TIMELINE_MARK_CYCLES)
         self._on_start: list[Callable[[], Any]] = []
 
     @property
     def active(self) -> bool:
         return self._file is not None
 
-    def start(self, path: str, pid: int = 0) -> None:
+    def start(self, path: str, pid: int = 0, mark_cycles: bool = False) -> None:
         with self._lock:
             self._close_locked()
             directory = os.path.dirname(os.path.abspath(path))
@@ -52,6 +53,7 @@ class Timeline:
             self._first = True
             self._tids = {}
             self.pid = pid
+            self.mark_cycles = bool(mark_cycles)
             self._file.flush()
         for callback in self._on_start:
             callback()
@@ -82,6 +84,13 @@ class Timeline:
             if args:
                 event["args"] = args
             self._buf.append(event)
+
+    def marker(self, name: str) -> None:
+        """An instant event across every row, now (Horovod's ``CYCLE_START``)."""
+        if self._file is None:
+            return
+        with self._lock:
+            self._buf.append({"name": name, "ph": "i", "s": "g", "pid": self.pid, "ts": round(self.now_us(), 3)})
 
     def collective(self, tensor: str, phase: str, agree: Callable[[], _A], run: Callable[[_A], _R],
                    **args: Any) -> _R:
@@ -126,10 +135,11 @@ timeline = Timeline()
 
 
 def start_timeline(file_path: str, mark_cycles: bool = False) -> None:
-    """Start writing a timeline to ``file_path`` (rank 0 writes; other ranks ignore the call)."""
+    """Start writing a timeline to ``file_path`` (rank 0 writes; other ranks ignore the call); with
+    ``mark_cycles``, each round of the engine is marked ``CYCLE_START``."""
     st = require_init("start_timeline()")
     if st.world.Get_rank() == 0:
-        timeline.start(file_path, pid=0)
+        timeline.start(file_path, pid=0, mark_cycles=mark_cycles)
 
 
 def stop_timeline() -> None:
