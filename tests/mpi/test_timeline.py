@@ -63,3 +63,26 @@ def test_synchronous_calls_are_recorded_repeats_included(hvd, world, rank, tmp_p
                                  "horo.allreduce"}, sorted(rows)
 
     agree(_check)
+
+
+def test_mark_cycles_marks_each_round_of_the_engine(hvd, world, rank, tmp_path):
+    outs, events = [], []
+    for mark in (True, False):  # each start says afresh whether to mark
+        path = tmp_path / f"cycles_{mark}.json"
+        hvd.start_timeline(str(path), mark_cycles=mark)
+        try:
+            outs.append(hvd.synchronize(hvd.allreduce_async(np.ones(4), name="tl.cycles", op=hvd.Sum)))
+        finally:
+            hvd.stop_timeline()
+        events.append(json.loads(path.read_text()) if rank == 0 else [])
+
+    def _check():
+        for out in outs:
+            np.testing.assert_array_equal(out, np.full(4, float(world)))
+        if rank == 0:
+            marked, plain = ([e for e in ev if e.get("ph") == "i"] for ev in events)
+            assert marked and all(e["name"] == "CYCLE_START" and e["s"] == "g" for e in marked), marked
+            assert not plain, plain
+            assert all(any(e.get("args", {}).get("name") == "tl.cycles" for e in ev) for ev in events)
+
+    agree(_check)
