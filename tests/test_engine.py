@@ -1,7 +1,9 @@
-"""Engine behaviour that needs its own job: reordering at 2 and 3 ranks, stall inspector, timeline, memory."""
+"""Engine behaviour that needs its own job: reordering at 2 and 3 ranks, stall inspector, timeline (the engine's
+rows, and a Keras fit's, whose gradients go by synchronous collectives), memory."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import queue
@@ -20,12 +22,15 @@ MPIEXEC = str(Path(sys.executable).with_name("mpiexec"))
 
 
 def launch(n: int, script: str, *args: str, env: dict[str, str] | None = None,
-           timeout: float = 90, quiet_s: float | None = None) -> subprocess.CompletedProcess[str]:
-    """Run ``script`` on ``n`` ranks. It fails as hung past ``timeout`` s, or, with ``quiet_s``, once it has
-    printed nothing for that long (a long job that reports progress: its speed is the machine's, a hang is not).
+           timeout: float = 90, quiet_s: float | None = None,
+           hororun: list[str] | None = None) -> subprocess.CompletedProcess[str]:
+    """Run ``script`` on ``n`` ranks (by mpiexec, or by ``hororun`` with these flags). It fails as hung past
+    ``timeout`` s, or, with ``quiet_s``, once it has printed nothing for that long (a long job that reports
+    progress: its speed is the machine's, a hang is not).
     """
     full_env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", **(env or {}))
-    proc = subprocess.Popen([MPIEXEC, "-n", str(n), sys.executable, str(SCRIPTS / script), *args],
+    start = [MPIEXEC, "-n", str(n)] if hororun is None else [sys.executable, "-m", "horo.run", "-np", str(n), *hororun]
+    proc = subprocess.Popen([*start, sys.executable, str(SCRIPTS / script), *args],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=full_env,
                             cwd=ROOT, start_new_session=True)
     lines: queue.Queue[str | None] = queue.Queue()
@@ -86,6 +91,56 @@ def test_timeline_is_valid_json_with_phases(tmp_path: Path) -> None:
     assert "layer0.weight" in tensors and "gather.me" in tensors
     late = [e["args"]["late_ranks"] for e in events if e["name"] == "NEGOTIATE" and "late_ranks" in e.get("args", {})]
     assert [1] in late, late
+
+
+# Horovod's recipe for a Keras job (--timeline-filename, or HOROVOD_TIMELINE) records each step's exchange of
+# the gradients: Keras 3 on each backend, Keras 2 through tf_keras (there with HOROVOD_TIMELINE_MARK_CYCLES too).
+KERAS_CASES = {  # the environment, the module it needs (and its extra), by the flag or by the variable
+    "tensorflow": ({"KERAS_BACKEND": "tensorflow"}, ("tensorflow", "tensorflow-cpu"), True),
+    "torch": ({"KERAS_BACKEND": "torch"}, ("torch", "keras,torch"), True),
+    "jax": ({"KERAS_BACKEND": "jax"}, ("jax", "keras,jax"), False),
+    "keras2": ({"KERAS_BACKEND": "tensorflow", "TF_USE_LEGACY_KERAS": "1", "HOROVOD_TIMELINE_MARK_CYCLES": "1"},
+               ("tf_keras", "tensorflow-cpu,tf-keras"), False),
+}
+
+
+@pytest.mark.timeout(150)
+@pytest.mark.parametrize("case", list(KERAS_CASES))
+def test_timeline_records_every_step_of_a_keras_fit(case: str, tmp_path: Path) -> None:
+    env, (needs, extra), by_flag = KERAS_CASES[case]
+    for module in ("keras", "tensorflow" if case == "keras2" else needs, needs):
+        if importlib.util.find_spec(module) is None:
+            pytest.skip(f"needs {module} (pip install 'horo-mpi[{extra}]')")
+    path = tmp_path / "timeline.json"
+    env = {**env, "TF_NUM_INTEROP_THREADS": "1", "TF_NUM_INTRAOP_THREADS": "1", "TF_CPP_MIN_LOG_LEVEL": "3"}
+    if by_flag:
+        res = launch(2, "keras_timeline.py", env=env, timeout=120, hororun=["--timeline-filename", str(path)])
+    else:
+        res = launch(2, "keras_timeline.py", env={**env, "HOROVOD_TIMELINE": str(path)}, timeout=120, hororun=[])
+    assert res.returncode == 0, res.stdout
+    assert res.stdout.count("fit of 3 steps, 4 gradients") == 2, res.stdout
+    events = json.loads(path.read_text())
+    rows = {e["tid"]: e["args"]["name"] for e in events if e.get("ph") == "M"}
+    spans: dict[str, list[dict]] = {}
+    for e in events:
+        if e.get("ph") == "X":
+            spans.setdefault(rows[e["tid"]], []).append(e)
+    # One row for the gradients: the grouped call's name, or on JAX the fused group's (tagged with its dtype
+    # and layout), which also shows the copy into the fusion buffer...
+    grads = [name for name in spans if name.startswith("horo.keras.gradients")]
+    assert len(grads) == 1, sorted(spans)
+    fused = case == "jax"
+    assert grads[0].startswith("horo.keras.gradients[float32x4:") if fused else grads[0] == "horo.keras.gradients"
+    phases = [e["name"] for e in sorted(spans[grads[0]], key=lambda e: e["ts"])]
+    step = ["MEMCPY_IN_FUSION_BUFFER"] if fused else []
+    # ... with every step on it: negotiated, then reduced, all 4 gradients in one call.
+    assert phases == (step + ["NEGOTIATE", "ALLREDUCE"]) * 3, phases
+    assert [e["args"]["tensors"] for e in spans[grads[0]] if "tensors" in e.get("args", {})] == [4] * 3
+    assert any(e["name"] == "BROADCAST" for name, es in spans.items() for e in es
+               if name.startswith("horo.BroadcastGlobalVariablesCallback")), sorted(spans)
+    # The engine's rounds (idle ticks here), marked where asked.
+    marks = [e for e in events if e.get("ph") == "i"]
+    assert {e["name"] for e in marks} == ({"CYCLE_START"} if "HOROVOD_TIMELINE_MARK_CYCLES" in env else set())
 
 
 # Its 3000 steps take about 15 s on 2 busy cores but over 3 minutes on one core shared with other work: the

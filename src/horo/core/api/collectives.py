@@ -4,6 +4,8 @@ Each collective is written once: it checks its arguments locally (``checks.opera
 tensor, or the dtype and shape of a GPU tensor), agrees with the other ranks of the process set (see
 negotiation), then hands the buffers to the backend picked by where they live (``backends``). The data moves
 on the caller's thread: no background hop, so small host ops cost about one tiny allgather more than raw MPI.
+While rank 0 records a timeline, its calls take the recorded form (``Timeline.collective``): the same agreement
+and data movement, timed; that is one check per call otherwise, and none on the repeat path (``repeat``).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import numpy as np
 from ..base.errors import MismatchError
 from ..base.fault import guard
 from ..base.ops import Average
+from ..base.timeline import timeline
 from ..scheduling.joined import zeros as joined_zeros
 from ..scheduling.negotiation import JOIN, agree, agree_reduce, exchange, format_mismatch, joinable
 from ..scheduling.request import reset_auto_names
@@ -92,6 +95,10 @@ def _checked_allreduce(inplace: bool, tensor: Any, average: Any, name: Any, op: 
     ps, x, rop, pre, post = allreduce_args(inplace, tensor, average, op, prescale_factor, postscale_factor,
                                            process_set, what)
     sig = allreduce_sig(x, name_arg(name, what), rop, pre, post, inplace)
+    if timeline.active:  # not remembered: a repeat would leave no row
+        return timeline.collective(
+            name or what, "ALLREDUCE", lambda: agree_reduce(ps.comm, sig, ranks=ps.ranks),
+            lambda joined: backends.of(x).allreduce(ps, tensor, x, rop, pre, post, inplace, joined, what).run(ps.comm))
     if tensor.__class__ is np.ndarray and x.flags.c_contiguous:  # type: ignore[union-attr]
         # A call the repeat path can look up later is remembered before it agrees.
         repeat.remember(repeat.key(inplace, x, average, name, op, prescale_factor, postscale_factor, process_set),
@@ -123,7 +130,13 @@ def _grouped_allreduce(inplace: bool, tensors: Sequence[Any], average: Any, name
                                           process_set, what)
     if not xs:
         return []
-    joined = agree_reduce(ps.comm, grouped_sig(xs, name_arg(name, what), rop, pre, post, inplace), ranks=ps.ranks)
+    sig = grouped_sig(xs, name_arg(name, what), rop, pre, post, inplace)
+    if timeline.active:
+        return timeline.collective(
+            name or what, "ALLREDUCE", lambda: agree_reduce(ps.comm, sig, ranks=ps.ranks),
+            lambda joined: backends.of(xs[0]).grouped_allreduce(ps, tensors, xs, rop, pre, post, inplace, joined,
+                                                                what).run(ps.comm), tensors=len(xs))
+    joined = agree_reduce(ps.comm, sig, ranks=ps.ranks)
     return backends.of(xs[0]).grouped_allreduce(ps, tensors, xs, rop, pre, post, inplace, joined, what).run(ps.comm)
 
 
@@ -132,7 +145,12 @@ def allgather(tensor: Any, name: str | None = None, process_set: ProcessSet | No
     """Concatenate every rank's ``tensor`` along dim 0 (dim 0 may differ between ranks)."""
     what = "horo.allgather"
     ps, x = allgather_args(tensor, process_set, what)
-    counts = agree(ps.comm, allgather_sig(x, name_arg(name, what)), payload=x.shape[0], ranks=ps.ranks)
+    sig = allgather_sig(x, name_arg(name, what))
+    if timeline.active:
+        return timeline.collective(name or what, "ALLGATHER",
+                                   lambda: agree(ps.comm, sig, payload=x.shape[0], ranks=ps.ranks),
+                                   lambda counts: backends.of(x).allgather(ps, tensor, x, counts, what).run(ps.comm))
+    counts = agree(ps.comm, sig, payload=x.shape[0], ranks=ps.ranks)
     return backends.of(x).allgather(ps, tensor, x, counts, what).run(ps.comm)
 
 
@@ -160,7 +178,11 @@ def broadcast_(tensor: Any, root_rank: int, name: str | None = None, process_set
 def _broadcast(inplace: bool, tensor: Any, root_rank: Any, name: Any, process_set: Any) -> Any:
     what = "horo.broadcast_" if inplace else "horo.broadcast"
     ps, x, root = broadcast_args(inplace, tensor, root_rank, process_set, what)
-    agree(ps.comm, broadcast_sig(x, int(root_rank), name_arg(name, what)), ranks=ps.ranks)
+    sig = broadcast_sig(x, int(root_rank), name_arg(name, what))
+    if timeline.active:
+        return timeline.collective(name or what, "BROADCAST", lambda: agree(ps.comm, sig, ranks=ps.ranks),
+                                   lambda _: backends.of(x).broadcast(ps, tensor, x, root, inplace, what).run(ps.comm))
+    agree(ps.comm, sig, ranks=ps.ranks)
     return backends.of(x).broadcast(ps, tensor, x, root, inplace, what).run(ps.comm)
 
 
@@ -170,7 +192,11 @@ def alltoall(tensor: Any, splits: Any = None, name: str | None = None,
     """Send ``splits[r]`` rows to rank r; returns (received rows, received splits as numpy int64)."""
     what = "horo.alltoall"
     ps, x, s = alltoall_args(tensor, splits, process_set, what)
-    agree(ps.comm, alltoall_sig(x, name_arg(name, what)), ranks=ps.ranks)
+    sig = alltoall_sig(x, name_arg(name, what))
+    if timeline.active:
+        return timeline.collective(name or what, "ALLTOALL", lambda: agree(ps.comm, sig, ranks=ps.ranks),
+                                   lambda _: backends.of(x).alltoall(ps, tensor, x, s, what).run(ps.comm))
+    agree(ps.comm, sig, ranks=ps.ranks)
     return backends.of(x).alltoall(ps, tensor, x, s, what).run(ps.comm)
 
 
@@ -181,7 +207,12 @@ def reducescatter(tensor: Any, op: Any = Average, name: str | None = None,
     """Reduce over the set, then give rank r its slice of dim 0 (the first dim0 % size ranks get one more row)."""
     what = "horo.reducescatter"
     ps, x, rop, pre, post = reducescatter_args(tensor, op, prescale_factor, postscale_factor, process_set, what)
-    agree(ps.comm, reducescatter_sig(x, name_arg(name, what), rop, pre, post), ranks=ps.ranks)
+    sig = reducescatter_sig(x, name_arg(name, what), rop, pre, post)
+    if timeline.active:
+        return timeline.collective(name or what, "REDUCESCATTER", lambda: agree(ps.comm, sig, ranks=ps.ranks),
+                                   lambda _: backends.of(x).reducescatter(ps, tensor, x, rop, pre, post,
+                                                                          what).run(ps.comm))
+    agree(ps.comm, sig, ranks=ps.ranks)
     return backends.of(x).reducescatter(ps, tensor, x, rop, pre, post, what).run(ps.comm)
 
 

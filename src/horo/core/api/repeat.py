@@ -23,6 +23,7 @@ from ..base.fault import raise_failure
 from ..base.ops import Adasum, Average, ReduceOp
 from ..base.scaling import finish_reduction
 from ..base.state import state
+from ..base.timeline import timeline
 from ..scheduling import pieces
 from ..scheduling.negotiation import MARK, Signature, agree, agree_choice, agree_prepared, prepared, sig_hash
 from ..scheduling.pieces import PIECES, WHOLE
@@ -41,6 +42,9 @@ _SEEN: dict[tuple, tuple] = worlds.cache("repeat calls")
 # way (the engine still negotiates every one): key -> (process set, its communicator then, signature, op,
 # prescale, postscale).
 ASYNC: dict[tuple, tuple] = worlds.cache("repeat async calls")
+# While a timeline records, the checked path records each call and remembers none (collectives.py); the calls
+# remembered before it started go too, so that none of them bypasses the rows.
+timeline.on_start(_SEEN.clear)
 
 
 def key(inplace: bool, arr: np.ndarray, average: Any, name: Any, op: Any, pre: Any, post: Any,

@@ -1,7 +1,9 @@
 """Chrome-trace timeline (opens in Perfetto / chrome://tracing), written by rank 0.
 
 The file is valid JSON after every flush: each batch of events overwrites the closing bracket and
-writes it again, so a job killed mid-run still leaves a loadable trace.
+writes it again, so a job killed mid-run still leaves a loadable trace. The engine writes the rows of the
+operations it runs; :meth:`Timeline.collective` those of a synchronous collective (a framework's gradient
+exchange: Keras's, ``DistributedGradientTape``'s, JAX's), in the same phases.
 """
 
 from __future__ import annotations
@@ -10,11 +12,15 @@ import json
 import os
 import threading
 import time
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from .state import require_init
 
 __all__ = ["Timeline", "timeline", "start_timeline", "stop_timeline"]
+
+_A = TypeVar("_A")
+_R = TypeVar("_R")
 
 
 class Timeline:
@@ -29,14 +35,14 @@ class Timeline:
         self._buf: list[dict[str, Any]] = []
         self.t0 = time.perf_counter()
         self.pid = 0
-        self.mark_cycles = False  # Horovod's: an instant CYCLE_START event at each engine round that runs ops
+        self.mark_cycles = False  # the engine marks each round's start (HORO_TIMELINE_MARK_CYCLES)
+        self._on_start: list[Callable[[], Any]] = []
 
     @property
     def active(self) -> bool:
         return self._file is not None
 
     def start(self, path: str, pid: int = 0, mark_cycles: bool = False) -> None:
-        self.mark_cycles = mark_cycles
         with self._lock:
             self._close_locked()
             directory = os.path.dirname(os.path.abspath(path))
@@ -47,7 +53,15 @@ class Timeline:
             self._first = True
             self._tids = {}
             self.pid = pid
+            self.mark_cycles = bool(mark_cycles)
             self._file.flush()
+        for callback in self._on_start:
+            callback()
+
+    def on_start(self, callback: Callable[[], Any]) -> None:
+        """Call ``callback()`` whenever a timeline starts (a fast path that would bypass the rows drops its
+        remembered calls)."""
+        self._on_start.append(callback)
 
     def now_us(self) -> float:
         return (time.perf_counter() - self.t0) * 1e6
@@ -71,12 +85,26 @@ class Timeline:
                 event["args"] = args
             self._buf.append(event)
 
-    def cycle(self, at_us: float) -> None:
-        """Mark the start of an engine round, when asked to (``mark_cycles``)."""
-        if self._file is not None and self.mark_cycles:
-            with self._lock:
-                self._buf.append({"name": "CYCLE_START", "ph": "i", "s": "g", "pid": self.pid, "tid": 0,
-                                  "ts": round(at_us, 3)})
+    def marker(self, name: str) -> None:
+        """An instant event across every row, now (Horovod's ``CYCLE_START``)."""
+        if self._file is None:
+            return
+        with self._lock:
+            self._buf.append({"name": name, "ph": "i", "s": "g", "pid": self.pid, "ts": round(self.now_us(), 3)})
+
+    def collective(self, tensor: str, phase: str, agree: Callable[[], _A], run: Callable[[_A], _R],
+                   **args: Any) -> _R:
+        """``run(agree())``, recorded: ``NEGOTIATE`` spans the agreement (it waits for every rank of the set),
+        ``phase`` the data movement; flushed at once, as a synchronous call may be a step's last."""
+        t0 = self.now_us()
+        agreed = agree()
+        t1 = self.now_us()
+        out = run(agreed)
+        t2 = self.now_us()
+        self.span(tensor, "NEGOTIATE", t0, t1)
+        self.span(tensor, phase, t1, t2, **args)
+        self.flush()
+        return out
 
     def flush(self) -> None:
         with self._lock:
@@ -107,11 +135,11 @@ timeline = Timeline()
 
 
 def start_timeline(file_path: str, mark_cycles: bool = False) -> None:
-    """Start writing a timeline to ``file_path`` (rank 0 writes; other ranks ignore the call); ``mark_cycles``:
-    an instant ``CYCLE_START`` event at each engine round that runs operations."""
+    """Start writing a timeline to ``file_path`` (rank 0 writes; other ranks ignore the call); with
+    ``mark_cycles``, each round of the engine is marked ``CYCLE_START``."""
     st = require_init("start_timeline()")
     if st.world.Get_rank() == 0:
-        timeline.start(file_path, pid=0, mark_cycles=bool(mark_cycles))
+        timeline.start(file_path, pid=0, mark_cycles=mark_cycles)
 
 
 def stop_timeline() -> None:

@@ -52,7 +52,6 @@ class Execution:
         self.sig_of.clear()
         if timeline.active:
             t_ready = timeline.now_us()
-            timeline.cycle(t_ready)
             for req in reqs:
                 late = self._late_ranks(req.name)
                 timeline.span(req.name, "NEGOTIATE", req.t_submit, t_ready, **({"late_ranks": late} if late else {}))

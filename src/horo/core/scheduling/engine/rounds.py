@@ -130,10 +130,13 @@ class Rounds:
         any_flag = 0
         for f in flags:
             any_flag |= f
-        if timeline.active:  # only the timeline reports late ranks
+        if timeline.active:  # only the timeline reports late ranks (and marks the rounds, when asked)
             entered = recv[:, 1].tolist()
             first = min(entered)
             self.late_now = [self.ranks[r] for r, e in enumerate(entered) if e > first + 1000]
+            if timeline.mark_cycles:
+                timeline.marker("CYCLE_START")
+                timeline.flush()  # idle rounds write nothing else: the markers must not pile up
         gathered = None
         if any_flag & ~(WAITING | DIVERGED):  # the steady state has no flag set on any rank
             gathered = self._flagged(flags, any_flag, uncached)
