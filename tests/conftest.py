@@ -46,8 +46,14 @@ def _in_rank() -> bool:
     return any(v in os.environ for v in ("OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK"))
 
 
+def _housekeeper() -> bool:
+    """The process that clears what killed jobs leave: the test run itself, not a rank, and not one of
+    pytest-xdist's workers (their controller does it once, before and after all of them)."""
+    return not _in_rank() and "PYTEST_XDIST_WORKER" not in os.environ
+
+
 def pytest_sessionstart(session: pytest.Session) -> None:
-    if _in_rank():
+    if not _housekeeper():
         return
     # The suite starts mpiexec itself too, and kills launchers: clear their stale session directories.
     from horo.run.launch import remove_stale_session_dirs
@@ -58,7 +64,7 @@ def pytest_sessionstart(session: pytest.Session) -> None:
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
-    if _in_rank() or not _SHM.is_dir():
+    if not _housekeeper() or not _SHM.is_dir():
         return
     left = {p.name for p in _SHM.glob(_SHM_GLOB)} - _shm_before
     for name in left - _mapped_shm():
@@ -99,3 +105,19 @@ def multi(world):
     if world < 2:
         pytest.skip("needs a world of 2 or more ranks")
     return world
+
+
+# pytest-xdist (`make test` runs two workers): the modules that start one costly shared thing share a worker,
+# one after the other: the test bed's namespaces (several beds at once would contend for the same cores and
+# links' timing), a local Ray cluster, a Spark JVM.
+_GROUPS = (("multihost", "bed"), ("slurm", "bed"), ("test_ray", "ray"), ("test_spark", "spark"))
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        path = Path(str(item.fspath)).resolve()
+        where = path.relative_to(_HERE).parts if _HERE in path.parents else ()
+        for prefix, group in _GROUPS:
+            if where and (where[0] == prefix or where[-1].startswith(prefix)):
+                item.add_marker(pytest.mark.xdist_group(group))
+                break

@@ -143,10 +143,12 @@ def test_ranks_on_different_hosts_are_not_bound_to_one_core(bed):
     assert all(cpus == str(sorted(os.sched_getaffinity(0))) for _, cpus in rows), rows
 
 
-def test_each_direction_between_hosts_gets_its_own_connection(bed):
+@pytest.mark.parametrize("start", ["together", "late"])
+def test_each_direction_between_hosts_gets_its_own_connection(bed, start):
     # Without horo's connect_pairs, the pairs of a 3-host job whose first exchange was one-sided (ring
     # neighbours in init's Split) kept a single connection both ways: half the link each way (measured).
-    rc, out, _ = hororun(bed, ["-np", "3", "-H", "node1:1,node2:1,node3:1", *job("job_connections.py")])
+    # "late": a rank that ran MPI's progress before init (connect_pairs' fence keeps its pairs apart too).
+    rc, out, _ = hororun(bed, ["-np", "3", "-H", "node1:1,node2:1,node3:1", *job("job_connections.py"), start])
     assert rc == 0, out[-6000:]
     counts = [line.split()[1:] for line in out.splitlines() if line.startswith("CONN ")]
     assert len(counts) == 6, out[-6000:]

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from ..core.api.process_sets import ProcessSet, resolve
-from ..core.base.dtypes import BFLOAT16, check_dtype
+from ..core.base.dtypes import check_dtype, is_bfloat16
 from ..core.base.ops import Max, Min, Product
 from ..core.transport import device
 from ..plugins.quiet import quiet_import
@@ -151,7 +151,7 @@ class TensorFlowTensors(device.Framework):
         logical = np.dtype(x.dtype.as_numpy_dtype)
         check_dtype(logical, arg)
         cp.cuda.runtime.deviceSynchronize()
-        if BFLOAT16 is not None and logical == BFLOAT16:
+        if is_bfloat16(logical):
             x = tf.bitcast(x, tf.uint16)
         return cp.from_dlpack(tf.experimental.dlpack.to_dlpack(x)), logical, True
 
@@ -159,7 +159,7 @@ class TensorFlowTensors(device.Framework):
         tf = sys.modules["tensorflow"]
         view.stream.synchronize()  # TF cannot wait on our stream
         t = tf.experimental.dlpack.from_dlpack(arr.toDlpack() if hasattr(arr, "toDlpack") else arr.__dlpack__())
-        return tf.bitcast(t, tf.bfloat16) if BFLOAT16 is not None and view.dtype == BFLOAT16 else t
+        return tf.bitcast(t, tf.bfloat16) if is_bfloat16(view.dtype) else t
 
     def to_host(self, x: Any) -> np.ndarray:
         return np.array(x.numpy(), order="C", copy=True)

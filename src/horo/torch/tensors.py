@@ -25,7 +25,7 @@ except ImportError as exc:  # pragma: no cover - depends on the installed extras
         "for Lightning too)."
     ) from exc
 
-from ..core.base.dtypes import BFLOAT16
+from ..core.base.dtypes import bfloat16, is_bfloat16
 from ..core.base.errors import HoroTypeError
 from ..core.base.ops import Max, Min, Product
 from ..core.transport import device
@@ -47,8 +47,6 @@ _NUMPY: dict[str, np.dtype] = {
                  "float64")
 }
 _NUMPY["torch.bool"] = np.dtype(np.bool_)
-if BFLOAT16 is not None:
-    _NUMPY["torch.bfloat16"] = BFLOAT16
 _host_staging_logged = False
 
 
@@ -76,7 +74,7 @@ def check_tensor(tensor: Any, what: str, arg: str = "tensor") -> torch.Tensor:
 def as_numpy(t: torch.Tensor) -> np.ndarray:
     """A numpy view of a CPU tensor (no copy); bfloat16 as ml_dtypes' bfloat16."""
     if t.dtype == torch.bfloat16:
-        return t.view(torch.int16).numpy().view(BFLOAT16)
+        return t.view(torch.int16).numpy().view(bfloat16())
     return t.numpy()
 
 
@@ -94,7 +92,7 @@ def to_tensor(array: np.ndarray, device: torch.device | None = None) -> torch.Te
     """Wrap a host result array as a tensor (no copy on CPU), then move it to ``device``."""
     if not array.flags.writeable:
         array = array.copy()
-    if BFLOAT16 is not None and array.dtype == BFLOAT16:
+    if is_bfloat16(array.dtype):
         out = torch.from_numpy(array.view(np.int16)).view(torch.bfloat16)
     else:
         out = torch.from_numpy(array)
@@ -206,6 +204,8 @@ class TorchTensors(device.Framework):
 
     def dtype(self, x: Any, arg: str) -> np.dtype:
         dtype = _NUMPY.get(str(x.dtype))
+        if dtype is None and x.dtype == torch.bfloat16:
+            dtype = bfloat16()  # imported on first use (horo.core.base.dtypes)
         if dtype is None:
             raise TypeError(
                 f"Unsupported dtype for a horo collective. Received: {arg}.dtype={x.dtype}. HINT: cast to a "
@@ -235,12 +235,12 @@ class TorchTensors(device.Framework):
         # From torch's caching allocator on its current stream, the view's: results of torch collectives are
         # not kept in CuPy's memory pool, where torch could not reuse them, and need no DLPack exchange.
         storage = np.dtype(view.array.dtype)
-        bf16 = BFLOAT16 is not None and view.dtype == BFLOAT16
+        bf16 = is_bfloat16(view.dtype)
         t = torch.empty(shape, dtype=torch.int16 if bf16 else getattr(torch, storage.name), device=view.source.device)
         return _cupy_over(cp, t, storage, view.device), (t.view(torch.bfloat16) if bf16 else t)
 
     def wrap(self, cp: Any, arr: Any, view: Any) -> Any:
-        if BFLOAT16 is not None and view.dtype == BFLOAT16:
+        if is_bfloat16(view.dtype):
             return torch.from_dlpack(arr.view(cp.int16)).view(torch.bfloat16)
         if view.dtype == np.bool_:  # as uint8: DLPack bool support differs between versions
             return torch.from_dlpack(arr.view(cp.uint8)).view(torch.bool)
@@ -255,11 +255,11 @@ class TorchTensors(device.Framework):
         out = h.numpy()
         # A CPU tensor's .cpu() is the tensor itself: copy; a device tensor's is already a fresh host copy.
         out = np.array(out, order="C", copy=True) if h.data_ptr() == t.data_ptr() else np.ascontiguousarray(out)
-        return out.view(BFLOAT16) if bf16 else out
+        return out.view(bfloat16()) if bf16 else out
 
     def copy_back(self, host: np.ndarray, x: Any) -> bool:
         src = torch.from_numpy(device.host_storage(host))
-        if BFLOAT16 is not None and host.dtype == BFLOAT16:
+        if is_bfloat16(host.dtype):
             src = src.view(torch.bfloat16)
         with torch.no_grad():
             x.copy_(src.reshape(x.shape))
@@ -267,7 +267,7 @@ class TorchTensors(device.Framework):
 
     def new_like(self, host: np.ndarray, like: Any, cp: Any) -> Any:
         t = torch.from_numpy(device.host_storage(host))
-        if BFLOAT16 is not None and host.dtype == BFLOAT16:
+        if is_bfloat16(host.dtype):
             t = t.view(torch.bfloat16)
         return t.to(like.device)
 

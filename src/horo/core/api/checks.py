@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from ..base.dtypes import BFLOAT16, as_host_array
+from ..base.dtypes import as_host_array, is_bfloat16
 from ..base.errors import HoroTypeError, HoroValueError
 from ..base.ops import Adasum, Average, ReduceOp, Sum, resolve_op
 from ..transport import device
@@ -95,7 +95,7 @@ def reduce_args(arr: np.ndarray, op: Any, average: Any, prescale: Any, postscale
         )
     pre = scale_arg(prescale, "prescale_factor", what)
     post = scale_arg(postscale, "postscale_factor", what)
-    if rop is Adasum and arr.dtype.kind != "f" and arr.dtype != BFLOAT16:
+    if rop is Adasum and arr.dtype.kind != "f" and not is_bfloat16(arr.dtype):
         raise TypeError(
             f"{what}: Adasum needs a floating dtype (float16, bfloat16, float32 or float64). Received: "
             f"op=horo.Adasum, tensor.dtype={arr.dtype}. HINT: cast to a float dtype, or use horo.Sum/horo.Average."

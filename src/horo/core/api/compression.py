@@ -6,7 +6,7 @@ from typing import Any
 
 import numpy as np
 
-from ..base.dtypes import BFLOAT16
+from ..base.dtypes import bfloat16, is_bfloat16
 
 __all__ = ["Compression", "Compressor", "NoneCompressor", "FP16Compressor", "BF16Compressor"]
 
@@ -42,7 +42,7 @@ class NoneCompressor(Compressor):
 
 
 def _is_float(dtype: Any) -> bool:
-    return np.dtype(dtype).kind == "f" or (BFLOAT16 is not None and np.dtype(dtype) == BFLOAT16)
+    return np.dtype(dtype).kind == "f" or is_bfloat16(np.dtype(dtype))
 
 
 class _CastCompressor(Compressor):
@@ -57,7 +57,7 @@ class _CastCompressor(Compressor):
 
     @classmethod
     def _wire(cls) -> Any:
-        return np.float16 if cls.wire_dtype == "float16" else BFLOAT16
+        return np.float16 if cls.wire_dtype == "float16" else bfloat16()
 
     @staticmethod
     def decompress(tensor: Any, ctx: Any) -> Any:

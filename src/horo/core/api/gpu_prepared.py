@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from ..base.config import config
-from ..base.dtypes import BFLOAT16
+from ..base.dtypes import is_bfloat16
 from ..base.fault import raise_failure
 from ..base.ops import Average, Max, Min, Product, ReduceOp, Sum
 from ..base.state import state
@@ -36,8 +36,6 @@ __all__ = ["PreparedAllreduce", "eligible", "event", "record", "wait"]
 
 _OPS = (Sum, Average, Max, Min, Product)
 _FLOATS = {np.dtype(np.float16), np.dtype(np.float32), np.dtype(np.float64)}
-if BFLOAT16 is not None:
-    _FLOATS.add(np.dtype(BFLOAT16))
 _NATIVE_INTS = {np.dtype(t) for t in (np.int8, np.uint8, np.int32, np.uint32, np.int64, np.uint64)}
 
 
@@ -47,9 +45,9 @@ def eligible(dtype: np.dtype, op: ReduceOp, pre: float, post: float) -> bool:
     dtype = np.dtype(dtype)
     if op not in _OPS:
         return False
-    if dtype in _FLOATS:
+    if dtype in _FLOATS or is_bfloat16(dtype):
         # bfloat16 with two finishing steps would round twice where the checked path rounds once.
-        return not (BFLOAT16 is not None and dtype == BFLOAT16 and op is Average and post != 1.0)
+        return not (is_bfloat16(dtype) and op is Average and post != 1.0)
     return dtype in _NATIVE_INTS and op is not Average and pre == 1.0 and post == 1.0
 
 

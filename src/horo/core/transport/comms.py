@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from . import pmix
+
 __all__ = ["connect_pairs", "duplicate", "singleton_segments"]
 
 #: Up to this many ranks, ``init`` opens the connections of every pair itself (see connect_pairs); above
@@ -34,17 +36,42 @@ def connect_pairs(comm: Any) -> bool:
     16 MiB ``Allreduce`` 603 → 392-407 ms; the two survivors after a ``Shrink`` 264 → 140-145 ms
     (docs/multihost.md). Runs only on Open MPI and for 2 to ``CONNECT_PAIRS_MAX`` ranks, decided from
     values every rank shares without talking.
+
+    "The same moment" must hold for every rank: Open MPI gives a peer's incoming connection to the first
+    link that has none, and a rank that runs MPI's progress before its own first send (the last fence of
+    ``MPI_Init`` in a rank that leaves it late) takes its peer's connection as its own, one connection for
+    the pair. So where ``comm`` is the whole of a job that no failure can shrink, the ranks first meet in a
+    PMIx fence, which runs no MPI progress: no rank sends before every rank is out of ``MPI_Init``, and each
+    rank's first send opens its own connection before it accepts any.
     """
     from mpi4py import MPI
 
     size, me = comm.Get_size(), comm.Get_rank()
     if not 1 < size <= CONNECT_PAIRS_MAX or "Open MPI" not in MPI.Get_library_version():
         return False
+    if _whole_static_job(comm, MPI):
+        pmix.fence()
     out, back = bytearray(1), bytearray(size)
     reqs = [comm.Irecv([memoryview(back)[r:r + 1], MPI.BYTE], source=r, tag=_TAG) for r in range(size) if r != me]
     reqs += [comm.Isend([out, MPI.BYTE], dest=r, tag=_TAG) for r in range(size) if r != me]
     MPI.Request.Waitall(reqs)
     return True
+
+
+def _whole_static_job(comm: Any, mpi: Any) -> bool:
+    """``comm`` holds every process of this job, which no failure lets go on: a dead rank ends the job (and
+    with it a fence that waits for it). Elastic jobs (``HORO_ELASTIC_DRIVER``) go on after a failure, and a
+    spawned world spans two jobs: neither is fenced."""
+    if "HORO_ELASTIC_DRIVER" in os.environ or mpi.Comm.Get_parent() != mpi.COMM_NULL:
+        return False
+    if comm.Get_size() != mpi.COMM_WORLD.Get_size():
+        return False
+    mine, world = comm.Get_group(), mpi.COMM_WORLD.Get_group()
+    try:
+        return mpi.Group.Compare(mine, world) in (mpi.IDENT, mpi.SIMILAR)
+    finally:
+        mine.Free()
+        world.Free()
 
 
 def singleton_segments(mpi: Any) -> list[str]:

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from ..base.config import config
-from ..base.dtypes import _UPCAST, needs_upcast
+from ..base.dtypes import needs_upcast
 from ..base.ops import Adasum, Average, Max, Min, Product, ReduceOp, Sum
 from ..base.scaling import finish_reduction, scale_into
 from ..base.watchdog import guarded, progress
@@ -106,7 +106,7 @@ def allreduce_into(comm: Any, send: np.ndarray, out: np.ndarray, op: ReduceOp,
         return adasum.adasum_into(comm, send, out, prescale, postscale, segments)
     size = comm.Get_size()
     nbytes = send.nbytes
-    if (prescale == 1.0 and send.dtype not in _UPCAST
+    if (prescale == 1.0 and not needs_upcast(send.dtype)
             and (nbytes <= ONE_CALL_BYTES or nbytes <= 8 * (chunk_bytes or config["HORO_CHUNK_BYTES"]))
             and not _hier_on("HORO_HIERARCHICAL_ALLREDUCE")):
         # One MPI call and nothing else (what the loop below would do for it too): its general form costs

@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from ...base.dtypes import BFLOAT16
+from ...base.dtypes import bfloat16, is_bfloat16
 
 __all__ = ["GENERIC", "KDL_CPU", "KDL_CUDA", "KDL_CUDA_HOST", "KDL_CUDA_MANAGED", "PROVIDERS", "Framework",
            "dlpack_device", "framework_name", "of", "register"]
@@ -76,8 +76,9 @@ class Framework:
         try:
             return np.dtype(x.dtype)
         except TypeError:
-            if BFLOAT16 is not None and "bfloat16" in str(getattr(x, "dtype", "")):
-                return BFLOAT16
+            bf16 = bfloat16() if "bfloat16" in str(getattr(x, "dtype", "")) else None
+            if bf16 is not None:
+                return bf16
             raise TypeError(
                 f"Cannot read the dtype of a device array. Received: {arg} of type {type(x).__name__} with "
                 f"dtype {getattr(x, 'dtype', '?')!r}. HINT: pass a CuPy array or a torch/TensorFlow tensor."
@@ -118,9 +119,9 @@ class Framework:
         """A result CuPy array (storage dtype, C-contiguous) handed back in the type of ``view.source``."""
         if view.external_sync:
             view.stream.synchronize()
-        if BFLOAT16 is not None and view.dtype == BFLOAT16:
+        if is_bfloat16(view.dtype):
             try:
-                return arr.view(BFLOAT16)
+                return arr.view(view.dtype)
             except Exception:  # noqa: BLE001 - a CuPy without bfloat16: hand back the bits
                 return arr
         return arr
@@ -143,7 +144,7 @@ class Framework:
             arr = cp.asarray(host_storage(host))
             # The copy ran on this thread's stream (the engine's, for async ops): finish it before handing over.
             cp.cuda.get_current_stream().synchronize()
-        if BFLOAT16 is not None and host.dtype == BFLOAT16:
+        if is_bfloat16(host.dtype):
             arr = arr.view(cp.uint16)
             try:
                 return arr.view(self.bf16_dtype(like))
@@ -152,7 +153,7 @@ class Framework:
         return arr
 
     def bf16_dtype(self, like: Any) -> Any:
-        return BFLOAT16
+        return bfloat16()
 
 
 class _CuPy(Framework):
@@ -166,7 +167,7 @@ class _CuPy(Framework):
     def wrap(self, cp: Any, arr: Any, view: Any) -> Any:
         if view.external_sync:
             view.stream.synchronize()
-        return arr.view(view.source.dtype) if BFLOAT16 is not None and view.dtype == BFLOAT16 else arr
+        return arr.view(view.source.dtype) if is_bfloat16(view.dtype) else arr
 
     def bf16_dtype(self, like: Any) -> Any:
         return like.dtype
@@ -174,7 +175,7 @@ class _CuPy(Framework):
 
 def host_storage(host: np.ndarray) -> np.ndarray:
     """bfloat16 as int16 bits (the frameworks' and CuPy's common ground); other dtypes as they are (C-contiguous)."""
-    if BFLOAT16 is not None and host.dtype == BFLOAT16:
+    if is_bfloat16(host.dtype):
         return np.ascontiguousarray(host).view(np.int16)
     return np.ascontiguousarray(host)
 

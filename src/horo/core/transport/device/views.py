@@ -12,7 +12,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from ...base.dtypes import BFLOAT16, check_dtype
+from ...base.dtypes import check_dtype, is_bfloat16
 from . import frameworks
 from .arrays import need_cupy
 
@@ -60,7 +60,7 @@ def external_stream(cp: Any, ptr: int, device: int) -> Any:
 
 def storage_view(cp: Any, arr: Any, logical: np.dtype) -> Any:
     """bfloat16 arrays as uint16 bit patterns (the form nccl reduces); other dtypes unchanged."""
-    if BFLOAT16 is not None and np.dtype(logical) == BFLOAT16 and arr.dtype != np.uint16:
+    if is_bfloat16(np.dtype(logical)) and arr.dtype != np.uint16:
         return arr.view(cp.uint16)
     return arr
 

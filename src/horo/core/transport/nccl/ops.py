@@ -9,7 +9,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from ...base.config import config
-from ...base.dtypes import BFLOAT16
+from ...base.dtypes import bfloat16
 from ...base.ops import ReduceOp
 from .. import fusion, mpi_ops
 from .backend import NcclBackend
@@ -97,7 +97,7 @@ def _hierarchical_into(be: NcclBackend, send: Any, out: Any, op: ReduceOp, pre: 
         call("reduce-scatter", local.reduceScatter, pointer(work), pointer(part), shard, code, opc, st.ptr)
         host = cupy.asnumpy(part, stream=st)  # blocking: MPI needs the data on the host
         if plan.cast == "bf16":
-            host = host.view(BFLOAT16)
+            host = host.view(bfloat16())
         cross_op = OP_FOR_NAME[plan.nccl_op]  # Average: Sum now, divide by the full size below
         mpi_ops.allreduce_into(be.cross_comm, host, host, cross_op)
         part.set(host.view(plan.work_dtype) if plan.cast == "bf16" else host, stream=st)

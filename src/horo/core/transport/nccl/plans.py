@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from ...base.dtypes import BFLOAT16
+from ...base.dtypes import is_bfloat16
 from ...base.errors import short_repr
 from ...base.ops import Average, Max, Min, Product, ReduceOp, Sum
 from ..mpi_ops import scatter_counts
@@ -154,7 +154,7 @@ def _plan(dtype: np.dtype, op: ReduceOp, bf16_native: bool) -> ReducePlan:
             raise TypeError("Average is not defined for bool. Received: op=horo.Average, dtype=bool. "
                             "HINT: use horo.Sum (logical or) or horo.Min (logical and).")
         return ReducePlan("uint8", _BOOL_OP_NAMES[op], np.dtype(np.uint8), "bool")
-    if BFLOAT16 is not None and dtype == BFLOAT16:
+    if is_bfloat16(dtype):
         if bf16_native:
             return ReducePlan("bfloat16", _OP_NAMES[op], np.dtype(np.uint16), "bf16")
         return ReducePlan("float32", _OP_NAMES[op], np.dtype(np.float32), "upcast")

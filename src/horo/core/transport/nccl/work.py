@@ -6,7 +6,7 @@ from typing import Any
 
 import numpy as np
 
-from ...base.dtypes import BFLOAT16
+from ...base.dtypes import is_bfloat16
 from ...base.errors import HoroError
 from ...base.ops import Average, ReduceOp
 from ...base.scaling import finish_reduction, scale_into
@@ -47,7 +47,7 @@ def on_stream(cupy: Any, stream: Any) -> Any:
 
 
 def is_bf16(dtype: np.dtype) -> bool:
-    return BFLOAT16 is not None and np.dtype(dtype) == BFLOAT16
+    return is_bfloat16(np.dtype(dtype))
 
 
 def to_work(cupy: Any, x: Any, logical: np.dtype, plan: ReducePlan, out: Any | None = None) -> Any:
