@@ -67,6 +67,9 @@ test-mpich: $(MPICH_STAMP)
 # with the launch lines of their docstrings.
 demo: $(STAMP)
 	$(VENV)/bin/hororun -np $(NP) $(PY) examples/collectives_demo.py
+	$(VENV)/bin/hororun -np $(NP) $(PY) examples/torch_train.py
+	$(VENV)/bin/hororun -np $(NP) $(PY) examples/tf_custom_loop.py
+	$(VENV)/bin/hororun -np $(NP) $(PY) examples/adasum_torch.py
 	$(VENV)/bin/hororun -np $(NP) $(PY) examples/keras_fit.py
 	KERAS_BACKEND=jax $(VENV)/bin/hororun -np $(NP) $(PY) examples/keras_fit.py
 	$(VENV)/bin/hororun -np $(NP) $(PY) examples/flax_train.py --verify
