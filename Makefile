@@ -33,14 +33,20 @@ $(MPICH_STAMP): pyproject.toml $(CONSTRAINTS)
 install: $(STAMP)
 
 # The suite on the embedded Open MPI (all but the `slow` and `slurm` cases), then the core collective suite on MPICH.
+# The suites run in TEST_WORKERS pytest-xdist workers, one per core of the 2-core machines it is timed on; the
+# tests that share a costly thing (the test bed, a Ray cluster, a Spark JVM, a module's fixture) keep to one
+# worker (tests/conftest.py). TEST_WORKERS=0: one process, as plain pytest.
+TEST_WORKERS ?= 2
+XDIST = $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadgroup)
+
 test: $(STAMP) test-mpich
-	$(PY) -m pytest -q -p no:cacheprovider -m "not slow and not slurm" --durations=25 tests
+	$(PY) -m pytest -q -p no:cacheprovider $(XDIST) -m "not slow and not slurm" --durations=25 tests
 
 # The edit-run loop: lint, the layers and every other `unit` test (no MPI job, no cluster), then the core
 # collective suite at 2 ranks on the embedded Open MPI.
 test-quick: $(STAMP)
 	$(VENV)/bin/ruff check src tests examples tools compat
-	$(PY) -m pytest -q -p no:cacheprovider -m "unit and not slow" tests
+	$(PY) -m pytest -q -p no:cacheprovider $(XDIST) -m "unit and not slow" tests
 	$(PY) -m pytest -q -p no:cacheprovider "tests/test_mpi_suites.py::test_mpi_suite[2]"
 
 # tests/slurm: a real SLURM cluster on the test bed (root, Debian's slurmctld/slurmd/munge, which .ci/run
@@ -50,11 +56,11 @@ test-slurm: $(STAMP)
 
 # The cases that take minutes each: the wheel installed into a fresh venv, Adasum's suite at 5 and 6 ranks.
 test-slow: $(STAMP)
-	$(PY) -m pytest -q -p no:cacheprovider -m slow --durations=10 tests
+	$(PY) -m pytest -q -p no:cacheprovider $(XDIST) -m slow --durations=10 tests
 
 # What CI runs of the slow suite: all but the `long` cases, whose capability a case CI runs covers too.
 test-slow-ci: $(STAMP)
-	$(PY) -m pytest -q -p no:cacheprovider -m "slow and not long" --durations=10 tests
+	$(PY) -m pytest -q -p no:cacheprovider $(XDIST) -m "slow and not long" --durations=10 tests
 
 test-all: test test-slurm test-slow
 
