@@ -9,9 +9,6 @@
 - docs/configuration.md names every `HORO_`/`HOROVOD_` variable the code reads, with the code's default;
 - `make demo` runs every example, as the pages that mention it say; no guide but the support matrix holds a
   status table.
-
-A check a page does not pass yet is marked `xfail(strict=True)`, saying what that page lacks: once the page is
-fixed the check fails until the mark goes.
 """
 
 from __future__ import annotations
@@ -32,10 +29,6 @@ DOCS = ROOT / "docs"
 
 LINK = re.compile(r"(?<!!)\[([^\]]+)\]\(([^)\s]+)\)")
 FENCE = re.compile(r"^```.*?^```", re.MULTILINE | re.DOTALL)
-
-
-def _pending(page: str, why: str) -> pytest.MarkDecorator:
-    return pytest.mark.xfail(strict=True, reason=f"{page} does not pass yet: {why}")
 
 
 def _nav() -> tuple[dict[str, str], dict[str, str]]:
@@ -96,14 +89,9 @@ def _link_problems(page: Path, text: str | None = None) -> list[str]:
 
 
 LINK_PAGES = sorted(p.relative_to(ROOT).as_posix() for p in [ROOT / "README.md", *DOCS.rglob("*.md")])
-LINKS_PENDING = {
-    "docs/migrating.md": "[Keras](keras.md) and [TensorFlow gradients](tensorflow.md#gradients-of-the-collectives)",
-    "docs/install.md": "[Keras 2](keras.md#keras-2-tf_keras): the section is 'Keras 2 (tf_keras)'",
-}
 
 
-@pytest.mark.parametrize("page", [pytest.param(p, marks=_pending(p, LINKS_PENDING[p])) if p in LINKS_PENDING else p
-                                  for p in LINK_PAGES])
+@pytest.mark.parametrize("page", LINK_PAGES)
 def test_links_name_their_pages_by_title(page: str) -> None:
     problems = _link_problems(ROOT / page)
     assert not problems, "links whose text is not the title of the page (or section) they go to:\n" \
@@ -127,8 +115,6 @@ def test_the_link_check_is_precise(label: str, target: str, ok: bool) -> None:
 # ---- Where horo-mpi comes from ----
 
 INSTALL_LINE = re.compile(r"pip install\s+(?:-\S+\s+)*['\"]?horo-mpi\b")
-INSTALL_PENDING = {"docs/ray.md": "its install line does not say where horo-mpi comes from",
-                   "docs/spark.md": "its install line does not say where horo-mpi comes from"}
 
 
 def _install_pages() -> list[str]:
@@ -136,15 +122,13 @@ def _install_pages() -> list[str]:
     return sorted(p.relative_to(ROOT).as_posix() for p in pages if INSTALL_LINE.search(p.read_text(encoding="utf-8")))
 
 
-@pytest.mark.parametrize("page", [pytest.param(p, marks=_pending(p, INSTALL_PENDING[p])) if p in INSTALL_PENDING
-                                  else p for p in _install_pages()])
+@pytest.mark.parametrize("page", _install_pages())
 def test_an_install_line_says_where_horo_mpi_comes_from(page: str) -> None:
     """`horo-mpi` is not on the package index: a page that installs it links to Install (a checkout or a wheel)."""
     assert re.search(r"\]\(install\.md[#)]", (ROOT / page).read_text(encoding="utf-8")), \
         f"{page} installs horo-mpi without a link to install.md, which says where it comes from"
 
 
-@_pending("docs/install.md", "its extras table lacks `spark`")
 def test_install_lists_every_extra() -> None:
     extras = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]["optional-dependencies"]
     page = (DOCS / "install.md").read_text(encoding="utf-8")
@@ -313,8 +297,6 @@ def test_configuration_names_every_variable_with_its_default() -> None:
 
 # ---- make demo, and status tables ----
 
-@_pending("Makefile", "the demo target leaves out examples/torch_train.py, tf_custom_loop.py and adasum_torch.py, "
-          "while docs/contributing.md says it runs every example")
 def test_make_demo_runs_every_example() -> None:
     makefile = (ROOT / "Makefile").read_text(encoding="utf-8")
     demo = makefile.split("\ndemo:", 1)[1].split("\n\n", 1)[0]
@@ -325,9 +307,7 @@ def test_make_demo_runs_every_example() -> None:
 STATUS_HEADER = re.compile(r"^(?:status|tested on|tested)$", re.IGNORECASE)
 
 
-@pytest.mark.parametrize("page", [pytest.param(p, marks=_pending(p, "its launcher table has a 'tested on' column"))
-                                  if p == "docs/cluster.md" else p
-                                  for p in sorted(q.relative_to(ROOT).as_posix() for q in DOCS.glob("*.md"))
+@pytest.mark.parametrize("page", [p for p in sorted(q.relative_to(ROOT).as_posix() for q in DOCS.glob("*.md"))
                                   if p != "docs/support.md"])
 def test_only_the_support_matrix_holds_a_status_table(page: str) -> None:
     headers = [line for line in (ROOT / page).read_text(encoding="utf-8").splitlines()
