@@ -295,6 +295,55 @@ def test_configuration_names_every_variable_with_its_default() -> None:
         f"defaults that differ from the code's: {wrong}"
 
 
+# ---- What the code says of the pages ----
+
+#: A page named in the code's strings (messages, HINTs, docstrings): `docs/PAGE.md`, an optional `#anchor`, and
+#: an optional section title in quotes after it (`docs/cluster.md, "Keys"`).
+CODE_REF = re.compile(r"docs/([\w/-]+\.md)(?:#([\w-]+))?(?:,?\s*\(?[\"'“]([^\"'”]{3,80})[\"'”])?")
+
+
+def _code_ref_problems(where: str, text: str) -> list[str]:
+    problems = []
+    for m in CODE_REF.finditer(text):
+        page, anchor, section = DOCS / m.group(1), m.group(2), m.group(3)
+        if not page.is_file():
+            problems.append(f"{where}: {m.group(0)!r}: no page docs/{m.group(1)}")
+            continue
+        heads = [_plain(h) for h in _headings(page)]
+        leads = [_plain(b) for b in re.findall(r"^[*-]? ?\*\*(.+?)\.?\*\*", FENCE.sub("", page.read_text(
+            encoding="utf-8")), re.MULTILINE)]  # a paragraph's bold lead names a section too
+        if anchor and anchor not in {_slug(h) for h in heads}:
+            problems.append(f"{where}: {m.group(0)!r}: docs/{m.group(1)} has no section #{anchor}")
+        if section and not any(h.startswith(_plain(section)) for h in heads + leads):
+            problems.append(f"{where}: {m.group(0)!r}: docs/{m.group(1)} has no section {section!r}; its sections: "
+                            f"{heads}")
+    return problems
+
+
+@pytest.mark.parametrize(("text", "ok"), [
+    ('see docs/cluster.md, "Keys"', True),
+    ("(docs/design-join.md, 'Threat model')", True),
+    ("docs/configuration.md#horovods-names", True),
+    ('(docs/multihost.md, "short engine tick")', False),
+    ('docs/autotune.md, "The final check"', True),
+    ("docs/no-such-page.md", False),
+    ("docs/cluster.md#no-such-section", False),
+])
+def test_the_code_reference_check_is_precise(text: str, ok: bool) -> None:
+    assert (not _code_ref_problems("probe", text)) is ok
+
+
+def test_the_code_names_pages_and_sections_that_exist() -> None:
+    """Error messages, HINTs and docstrings that send a reader to a page (and a section of it) name ones that
+    exist."""
+    problems = []
+    for path in sorted((ROOT / "src" / "horo").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and "docs/" in node.value:
+                problems += _code_ref_problems(f"{path.relative_to(ROOT)}:{node.lineno}", node.value)
+    assert not problems, "the code names pages or sections that do not exist:\n" + "\n".join(problems)
+
+
 # ---- make demo, and status tables ----
 
 def test_make_demo_runs_every_example() -> None:
