@@ -12,12 +12,13 @@ _GLOO = "horo runs on MPI, not Gloo"
 _SPARK = "set by Horovod's Spark runner for its own tasks; horo.spark starts its tasks itself"
 
 _HORO: tuple[Setting, ...] = (
-    # Cache-sized pieces ran ~4x faster than one 64 MiB call here, while a single call stays faster up to a few
-    # MiB (docs/design-engine.md).
+    # Cache-sized pieces run a 64 MiB allreduce several times faster than one call, while a single call stays
+    # faster up to a few MiB (docs/design-engine.md, "One call or pieces for mid-size allreduces").
     Setting("chunk_bytes", _V, "bytes per MPI call for allreduces larger than 8x this", var="HORO_CHUNK_BYTES",
             kind="int", default="1048576", note="16 MiB across hosts", reader="the MPI transport", agreed=True,
             topic="engine"),
-    # horo's ring (ring.py) was the faster from here (docs/design-engine.md).
+    # From this size horo's ring (ring.py) beats MPI's copying out-of-place Allreduce (docs/design-engine.md,
+    # "Out-of-place allreduces: horo's own ring").
     Setting("ring_min_bytes", _V, "out-of-place allreduces from this size go round horo's own ring instead of "
             "MPI's out-of-place `Allreduce`, which copies first; 0: never", var="HORO_RING_MIN_BYTES", kind="int",
             default="262144", note="0 across hosts", reader="the MPI transport", agreed=True, topic="engine"),
