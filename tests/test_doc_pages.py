@@ -9,9 +9,6 @@
 - docs/configuration.md names every `HORO_`/`HOROVOD_` variable the code reads, with the code's default;
 - `make demo` runs every example, as the pages that mention it say; no guide but the support matrix holds a
   status table.
-
-A check a page does not pass yet is marked `xfail(strict=True)`, saying what that page lacks: once the page is
-fixed the check fails until the mark goes.
 """
 
 from __future__ import annotations
@@ -32,10 +29,6 @@ DOCS = ROOT / "docs"
 
 LINK = re.compile(r"(?<!!)\[([^\]]+)\]\(([^)\s]+)\)")
 FENCE = re.compile(r"^```.*?^```", re.MULTILINE | re.DOTALL)
-
-
-def _pending(page: str, why: str) -> pytest.MarkDecorator:
-    return pytest.mark.xfail(strict=True, reason=f"{page} does not pass yet: {why}")
 
 
 def _nav() -> tuple[dict[str, str], dict[str, str]]:
@@ -96,14 +89,9 @@ def _link_problems(page: Path, text: str | None = None) -> list[str]:
 
 
 LINK_PAGES = sorted(p.relative_to(ROOT).as_posix() for p in [ROOT / "README.md", *DOCS.rglob("*.md")])
-LINKS_PENDING = {
-    "docs/migrating.md": "[Keras](keras.md) and [TensorFlow gradients](tensorflow.md#gradients-of-the-collectives)",
-    "docs/install.md": "[Keras 2](keras.md#keras-2-tf_keras): the section is 'Keras 2 (tf_keras)'",
-}
 
 
-@pytest.mark.parametrize("page", [pytest.param(p, marks=_pending(p, LINKS_PENDING[p])) if p in LINKS_PENDING else p
-                                  for p in LINK_PAGES])
+@pytest.mark.parametrize("page", LINK_PAGES)
 def test_links_name_their_pages_by_title(page: str) -> None:
     problems = _link_problems(ROOT / page)
     assert not problems, "links whose text is not the title of the page (or section) they go to:\n" \
@@ -127,8 +115,6 @@ def test_the_link_check_is_precise(label: str, target: str, ok: bool) -> None:
 # ---- Where horo-mpi comes from ----
 
 INSTALL_LINE = re.compile(r"pip install\s+(?:-\S+\s+)*['\"]?horo-mpi\b")
-INSTALL_PENDING = {"docs/ray.md": "its install line does not say where horo-mpi comes from",
-                   "docs/spark.md": "its install line does not say where horo-mpi comes from"}
 
 
 def _install_pages() -> list[str]:
@@ -136,15 +122,13 @@ def _install_pages() -> list[str]:
     return sorted(p.relative_to(ROOT).as_posix() for p in pages if INSTALL_LINE.search(p.read_text(encoding="utf-8")))
 
 
-@pytest.mark.parametrize("page", [pytest.param(p, marks=_pending(p, INSTALL_PENDING[p])) if p in INSTALL_PENDING
-                                  else p for p in _install_pages()])
+@pytest.mark.parametrize("page", _install_pages())
 def test_an_install_line_says_where_horo_mpi_comes_from(page: str) -> None:
     """`horo-mpi` is not on the package index: a page that installs it links to Install (a checkout or a wheel)."""
     assert re.search(r"\]\(install\.md[#)]", (ROOT / page).read_text(encoding="utf-8")), \
         f"{page} installs horo-mpi without a link to install.md, which says where it comes from"
 
 
-@_pending("docs/install.md", "its extras table lacks `spark`")
 def test_install_lists_every_extra() -> None:
     extras = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]["optional-dependencies"]
     page = (DOCS / "install.md").read_text(encoding="utf-8")
@@ -161,8 +145,10 @@ SET_BY_HORO = {
     "HORO_ELASTIC_RESET_LIMIT", "HORO_ELASTIC_RESET_BASE", "HORO_ELASTIC_RESUME", "HORO_ELASTIC_KEEP_STATE",
     "HORO_HOSTNAME", "HOROVOD_HOSTNAME", "HORO_SELF_LAUNCHED", "HORO_JOIN_RANK", "HORO_JOIN_SIZE",
     "HORO_JOIN_LOCAL_RANK", "HORO_JOIN_ADDR", "HORO_JOIN_SECRET", "HORO_JOIN_LAUNCHER", "HORO_JOIN_TABLE",
-    "HORO_JOIN_AGENTS",
+    "HORO_JOIN_AGENTS", "HORO_SETTINGS_CHECKED", "HORO_START_MARK",
 }
+#: The section of the launcher's reference that lists every Horovod variable; configuration.md links to it.
+HOROVOD_VARIABLES = "api/launcher.md#horovods-variables"
 
 
 def _docstring_ids(tree: ast.Module) -> set[int]:
@@ -173,6 +159,12 @@ def _docstring_ids(tree: ast.Module) -> set[int]:
         if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant):
             found.add(id(first.value))
     return found
+
+
+def _exported_ids(tree: ast.Module) -> set[int]:
+    """The strings of a module's `__all__`: names of its own, not variables (`HOROVOD_API`)."""
+    return {id(e) for n in tree.body if isinstance(n, ast.Assign) and isinstance(n.value, (ast.List, ast.Tuple))
+            and any(isinstance(t, ast.Name) and t.id == "__all__" for t in n.targets) for e in n.value.elts}
 
 
 def _constants(tree: ast.Module) -> dict[str, object]:
@@ -186,7 +178,7 @@ def read_variables() -> dict[str, set[str]]:
     names: dict[str, set[str]] = {}
     for path in sorted((ROOT / "src" / "horo").rglob("*.py")):
         tree = ast.parse(path.read_text(encoding="utf-8"))
-        docs, constants = _docstring_ids(tree), _constants(tree)
+        docs, constants = _docstring_ids(tree) | _exported_ids(tree), _constants(tree)
         for node in ast.walk(tree):
             if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docs \
                     and ENV_NAME.match(node.value):
@@ -206,23 +198,34 @@ def read_variables() -> dict[str, set[str]]:
 
 
 def _documented(page: str) -> dict[str, str]:
-    """{variable: its default cell} for each table row of configuration.md naming one; families (`X_*`) too."""
-    found = {}
+    """{variable: its default cell} for each table row of a page naming one in its first cell (the cell of the
+    column headed "default", empty where the table has none); families (`X_*`) and names in prose too."""
+    found: dict[str, str] = {}
+    column = None
     for line in page.splitlines():
-        cells = [c.strip() for c in line.strip().strip("|").split("|")] if line.startswith("|") else []
-        for name in re.findall(r"`(HORO(?:VOD)?_[A-Z0-9_]+\*?)`", cells[0] if cells else ""):
-            found[name] = cells[1] if len(cells) > 2 else ""
+        if not line.startswith("|"):
+            column = None
+            continue
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if column is None:  # a table's header row
+            column = cells.index("default") if "default" in cells else -1
+            continue
+        for name in re.findall(r"`(HORO(?:VOD)?_[A-Z0-9_]+\*?)`", cells[0]):
+            found[name] = cells[column] if 0 < column < len(cells) else ""
     for name in re.findall(r"`(HORO(?:VOD)?_[A-Z0-9_]+\*?)`", page):
         found.setdefault(name, "")
     return found
 
 
 def _default_matches(cell: str, defaults: set[str]) -> bool:
+    """Whether a page's default cell is the code's. A reader's empty default (`.get(NAME, "")`) says only that
+    the variable may be unset, with the default applied further on: it matches any cell."""
     first = cell.replace("`", "").split(" ")[0] if cell else ""
-    if not first or not defaults:
-        return True
     if first == "unset":
         return defaults <= {"", "None"}
+    defaults = defaults - {"", "None"}
+    if not first or not defaults:
+        return True
     try:
         return any(float(first) == float(d) for d in defaults)
     except ValueError:
@@ -237,6 +240,8 @@ def _default_matches(cell: str, defaults: set[str]) -> bool:
     ("unset", set(), True),
     ("5", {"6"}, False),
     ("", {"120"}, True),
+    ("WARNING", {""}, True),
+    ("WARNING", {"", "INFO"}, False),
 ])
 def test_the_default_check_is_precise(cell: str, defaults: set[str], ok: bool) -> None:
     assert _default_matches(cell, defaults) is ok
@@ -250,25 +255,37 @@ def test_the_variables_the_code_reads_are_found_with_their_defaults() -> None:
     assert found["HORO_FUSION_THRESHOLD"] == {"1048576"} and found["HORO_CYCLE_TIME"] == {"50"}  # the core's table
     assert {"HORO_JOIN_PORT", "HORO_CACHE_DIR", "HOROVOD_SPARK_START_TIMEOUT"} <= set(found)
     assert not [n for n in found if n.startswith("HORO_KERAS_BENCH")], "a printed marker is not a variable"
+    assert "HOROVOD_API" not in found, "a name in a module's __all__ is not a variable"
 
 
-@_pending("docs/configuration.md", "it lacks HORO_JOIN_PORT, HORO_JOIN_TIMEOUT, HORO_CACHE_DIR, HORO_TF_KERNEL, "
-          "HORO_SPARK_START_TIMEOUT and others, and gives HORO_GPU_OPERATIONS's default as unset")
+@pytest.mark.parametrize(("page", "found"), [
+    ("| variable | Horovod's name | default | meaning |\n| --- | --- | --- | --- |\n"
+     "| `HORO_X` | `HOROVOD_X` | 5 | m |\n",
+     {"HORO_X": "5", "HOROVOD_X": ""}),
+    ("| Horovod's variable | horo's | in horo |\n| --- | --- | --- |\n| `HOROVOD_Y` | `HORO_Y` | what |\n",
+     {"HOROVOD_Y": "", "HORO_Y": ""}),
+    ("Set `HORO_Z*` in prose.\n", {"HORO_Z*": ""}),
+])
+def test_the_table_reader_takes_the_default_column(page: str, found: dict[str, str]) -> None:
+    assert _documented(page) == found
+
+
 def test_configuration_names_every_variable_with_its_default() -> None:
+    """Every `HORO_` variable the code reads is in configuration.md with the code's default; every `HOROVOD_`
+    one there or in the launcher reference's list of Horovod's variables, which configuration.md links to."""
     page = (DOCS / "configuration.md").read_text(encoding="utf-8")
+    assert f"]({HOROVOD_VARIABLES})" in page, f"configuration.md does not link to {HOROVOD_VARIABLES}"
     documented = _documented(page)
+    horovod = _documented((DOCS / HOROVOD_VARIABLES.split("#")[0]).read_text(encoding="utf-8"))
     families = [n[:-1] for n in documented if n.endswith("*")]
-    config = importlib.import_module("horo.core.base.config")
 
     def named(name: str) -> bool:
-        return name in documented or any(name.startswith(f) for f in families)
+        return name in documented or any(name.startswith(f) for f in families) \
+            or (name.startswith("HOROVOD_") and name in horovod)
 
     missing, wrong = [], []
     for name, defaults in sorted(read_variables().items()):
         if name in SET_BY_HORO:
-            continue
-        twin = config.horo_name(name)  # a Horovod name read as its HORO_ twin, where the page says so
-        if twin and named(twin) and "HOROVOD_<X>" in page:
             continue
         if not named(name):
             missing.append(name)
@@ -278,10 +295,57 @@ def test_configuration_names_every_variable_with_its_default() -> None:
         f"defaults that differ from the code's: {wrong}"
 
 
+# ---- What the code says of the pages ----
+
+#: A page named in the code's strings (messages, HINTs, docstrings): `docs/PAGE.md`, an optional `#anchor`, and
+#: an optional section title in quotes after it (`docs/cluster.md, "Keys"`).
+CODE_REF = re.compile(r"docs/([\w/-]+\.md)(?:#([\w-]+))?(?:,?\s*\(?[\"'“]([^\"'”]{3,80})[\"'”])?")
+
+
+def _code_ref_problems(where: str, text: str) -> list[str]:
+    problems = []
+    for m in CODE_REF.finditer(text):
+        page, anchor, section = DOCS / m.group(1), m.group(2), m.group(3)
+        if not page.is_file():
+            problems.append(f"{where}: {m.group(0)!r}: no page docs/{m.group(1)}")
+            continue
+        heads = [_plain(h) for h in _headings(page)]
+        leads = [_plain(b) for b in re.findall(r"^[*-]? ?\*\*(.+?)\.?\*\*", FENCE.sub("", page.read_text(
+            encoding="utf-8")), re.MULTILINE)]  # a paragraph's bold lead names a section too
+        if anchor and anchor not in {_slug(h) for h in heads}:
+            problems.append(f"{where}: {m.group(0)!r}: docs/{m.group(1)} has no section #{anchor}")
+        if section and not any(h.startswith(_plain(section)) for h in heads + leads):
+            problems.append(f"{where}: {m.group(0)!r}: docs/{m.group(1)} has no section {section!r}; its sections: "
+                            f"{heads}")
+    return problems
+
+
+@pytest.mark.parametrize(("text", "ok"), [
+    ('see docs/cluster.md, "Keys"', True),
+    ("(docs/design-join.md, 'Threat model')", True),
+    ("docs/configuration.md#horovods-names", True),
+    ('(docs/multihost.md, "short engine tick")', False),
+    ('docs/autotune.md, "The final check"', True),
+    ("docs/no-such-page.md", False),
+    ("docs/cluster.md#no-such-section", False),
+])
+def test_the_code_reference_check_is_precise(text: str, ok: bool) -> None:
+    assert (not _code_ref_problems("probe", text)) is ok
+
+
+def test_the_code_names_pages_and_sections_that_exist() -> None:
+    """Error messages, HINTs and docstrings that send a reader to a page (and a section of it) name ones that
+    exist."""
+    problems = []
+    for path in sorted((ROOT / "src" / "horo").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and "docs/" in node.value:
+                problems += _code_ref_problems(f"{path.relative_to(ROOT)}:{node.lineno}", node.value)
+    assert not problems, "the code names pages or sections that do not exist:\n" + "\n".join(problems)
+
+
 # ---- make demo, and status tables ----
 
-@_pending("Makefile", "the demo target leaves out examples/torch_train.py, tf_custom_loop.py and adasum_torch.py, "
-          "while docs/contributing.md says it runs every example")
 def test_make_demo_runs_every_example() -> None:
     makefile = (ROOT / "Makefile").read_text(encoding="utf-8")
     demo = makefile.split("\ndemo:", 1)[1].split("\n\n", 1)[0]
@@ -292,9 +356,7 @@ def test_make_demo_runs_every_example() -> None:
 STATUS_HEADER = re.compile(r"^(?:status|tested on|tested)$", re.IGNORECASE)
 
 
-@pytest.mark.parametrize("page", [pytest.param(p, marks=_pending(p, "its launcher table has a 'tested on' column"))
-                                  if p == "docs/cluster.md" else p
-                                  for p in sorted(q.relative_to(ROOT).as_posix() for q in DOCS.glob("*.md"))
+@pytest.mark.parametrize("page", [p for p in sorted(q.relative_to(ROOT).as_posix() for q in DOCS.glob("*.md"))
                                   if p != "docs/support.md"])
 def test_only_the_support_matrix_holds_a_status_table(page: str) -> None:
     headers = [line for line in (ROOT / page).read_text(encoding="utf-8").splitlines()

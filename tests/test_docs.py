@@ -248,24 +248,12 @@ def test_the_history_check_is_precise(line: str, caught: bool) -> None:
     assert any(p.search(line) for p in HISTORY.values()) is caught
 
 
-#: Pages that still narrate (each a strict xfail: it fails once the page is fixed, until the mark goes).
-HISTORY_PENDING = {
-    "docs/design-elastic.md": "'Two bugs were in the way and are fixed', 'horo now does the same', 'the first "
-                              "version of the test failed', 'all 16 runs pass again', 'measured here'",
-    "docs/cluster.md": "'no Kubernetes cluster was available'",
-    "docs/spark.md": "'Untested here (no GPU cluster)'",
-}
-
-
 def _history_pages() -> list[str]:
     pages = [ROOT / "README.md", ROOT / "CHANGELOG.md", *sorted((ROOT / "docs").rglob("*.md"))]
     return [p.relative_to(ROOT).as_posix() for p in pages]
 
 
-@pytest.mark.parametrize("page", [
-    pytest.param(p, marks=pytest.mark.xfail(strict=True, reason=f"{p} does not pass yet: "
-                                                                f"{HISTORY_PENDING[p]}"))
-    if p in HISTORY_PENDING else p for p in _history_pages()])
+@pytest.mark.parametrize("page", _history_pages())
 def test_the_pages_state_what_is_true_now(page: str) -> None:
     """Every page, guides and design notes alike: how things work and what is tested, not how they came to be."""
     found = []

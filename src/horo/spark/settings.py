@@ -125,7 +125,7 @@ def check(fn: Any, args: Any, kwargs: Any, num_proc: Any, start_timeout: Any, ex
 def check_elastic(num_proc: int, min_num_proc: Any, max_num_proc: Any, elastic_timeout: Any,
                   reset_limit: Any) -> tuple[int, int, float]:
     """(fewest, most processes, elastic timeout) with Horovod's defaults: ``num_proc`` for both bounds,
-    ``HOROVOD_ELASTIC_TIMEOUT`` (or ``HORO_ELASTIC_TIMEOUT``), else 600 s."""
+    ``HOROVOD_ELASTIC_TIMEOUT``, else ``HORO_ELASTIC_TIMEOUT``, else 600 s."""
     low = num_proc if min_num_proc is None else min_num_proc
     high = num_proc if max_num_proc is None else max_num_proc
     for name, value in (("min_num_proc", low), ("max_num_proc", high)):

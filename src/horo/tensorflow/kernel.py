@@ -9,7 +9,7 @@ each fill their threads with waits for collectives the other has not reached. Tw
   until :meth:`~CompiledWait.deliver` hands it the result (called by the engine when the op finishes), and
   reports an error with the status code of the TF class Horovod raises (``errors.status_code``). It is built
   once per TensorFlow version with the C++ compiler ($CXX, else ``c++``/``g++``) and TensorFlow's own flags,
-  into ``$HORO_CACHE_DIR`` (default ``~/.cache/horo``), and loaded with ``tf.load_op_library``.
+  into ``$HORO_CACHE_DIR`` (default :func:`cache_dir`), and loaded with ``tf.load_op_library``.
 * :class:`DatasetWait`, pure Python: a one-element ``tf.data`` pipeline whose ``IteratorGetNext`` runs on its
   own background thread and blocks there. Errors reach the caller as TensorFlow maps Python exceptions
   (``ValueError``/``TypeError``: ``InvalidArgumentError``; a mismatch: ``UnknownError``).

@@ -3,12 +3,12 @@
 Values that shape MPI calls (chunk size, fusion threshold) must be identical on all ranks, or ranks would
 split the same data into different calls; taking rank 0's values makes a stray per-rank variable harmless.
 
-Horovod's names work unchanged: each ``HOROVOD_<X>`` of :data:`ALIASES` (derived from the settings table,
-``settings``) is an alias of ``HORO_<X>`` (same meaning, same units), read as Horovod reads it: an on/off
-variable by its leading integer, so ``true`` is 0 there too (with a warning). ``HORO_<X>`` wins when both are
-set to different values, and one warning (rank 0's) says so. ``init()`` copies the aliases into the environment
-(:func:`apply_aliases`), so every reader of a ``HORO_`` variable sees them, whoever wrote that reader;
-``hororun`` forwards both spellings to remote ranks.
+Horovod's names are read too: each ``HOROVOD_<X>`` of :data:`ALIASES` (derived from the settings table,
+``settings``) is an alias of ``HORO_<X>`` (same units; docs/configuration.md says which defaults differ), read
+as Horovod reads it: an on/off variable by its leading integer, so ``true`` is 0 there too (with a warning).
+``HORO_<X>`` wins when both are set to different values, and one warning (rank 0's) says so. ``init()`` copies
+the aliases into the environment (:func:`apply_aliases`), so every reader of a ``HORO_`` variable sees them,
+whoever wrote that reader; ``hororun`` forwards both spellings to remote ranks.
 """
 
 from __future__ import annotations

@@ -22,8 +22,9 @@ _TUNING: tuple[Setting, ...] = (
     # --- tuneable parameters
     # Bytes: on host memory the copies cost more than fusion saves above ~1 MiB (docs/design-engine.md has the
     # measurements), so horo's default is far below Horovod's 128 MiB.
-    Setting("fusion_threshold_mb", "params", "tensors smaller than this are packed together (engine, grouped "
-            "ops); Horovod's default is 128 MiB, horo's smaller: see [the engine's design](design-engine.md)",
+    Setting("fusion_threshold_mb", "params", "host tensors smaller than this are packed together (engine, "
+            "grouped ops); GPU tensors follow `HORO_NCCL_FUSION_THRESHOLD`. Horovod's one threshold, for both, "
+            "is 128 MiB; horo's is smaller: see [the engine's design](design-engine.md)",
             var="HORO_FUSION_THRESHOLD", horovod="HOROVOD_FUSION_THRESHOLD", flags=("--fusion-threshold-mb",),
             key="params.fusion_threshold_mb", kind="int", unit="MB", default="1048576", reader="the engine",
             agreed=True, topic="engine", metavar="MB"),
@@ -31,7 +32,8 @@ _TUNING: tuple[Setting, ...] = (
     # costs no latency; it only sets how often idle ranks report to the stall inspector, and keeps idle CPU
     # near zero.
     Setting("cycle_time_ms", "params", "ms between engine rounds while a rank has nothing pending (a rank "
-            "wakes at once on its own submission, so a longer tick costs no latency); at least 10 across hosts",
+            "wakes at once on its own submission, so a longer tick costs no latency); at least 10 across hosts. "
+            "Horovod's cycle (1 ms) paces every round instead",
             var="HORO_CYCLE_TIME", horovod="HOROVOD_CYCLE_TIME", flags=("--cycle-time-ms",),
             key="params.cycle_time_ms", kind="float", unit="ms", default="50", reader="the engine", agreed=True,
             topic="engine", metavar="MS"),
@@ -140,7 +142,8 @@ BUILD_VARIABLES: tuple[str, ...] = (
 
 _BY_HOROVOD = {s.horovod: s for s in SETTINGS if s.horovod}
 _BY_VAR = {s.var: s for s in SETTINGS if s.var}
-#: Horovod's name -> horo's, where both name the same variable (same meaning, same units).
+#: Horovod's name -> horo's, where both name the same variable (same units; docs/configuration.md says where
+#: horo's default or scope differs).
 ALIASES: dict[str, str] = {s.horovod: s.var for s in SETTINGS if s.horovod and s.var and s.var.startswith("HORO_")}
 
 

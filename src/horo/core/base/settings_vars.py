@@ -12,12 +12,13 @@ _GLOO = "horo runs on MPI, not Gloo"
 _SPARK = "set by Horovod's Spark runner for its own tasks; horo.spark starts its tasks itself"
 
 _HORO: tuple[Setting, ...] = (
-    # Cache-sized pieces ran ~4x faster than one 64 MiB call here, while a single call stays faster up to a few
-    # MiB (docs/design-engine.md).
+    # Cache-sized pieces run a 64 MiB allreduce several times faster than one call, while a single call stays
+    # faster up to a few MiB (docs/design-engine.md, "One call or pieces for mid-size allreduces").
     Setting("chunk_bytes", _V, "bytes per MPI call for allreduces larger than 8x this", var="HORO_CHUNK_BYTES",
             kind="int", default="1048576", note="16 MiB across hosts", reader="the MPI transport", agreed=True,
             topic="engine"),
-    # horo's ring (ring.py) was the faster from here (docs/design-engine.md).
+    # From this size horo's ring (ring.py) beats MPI's copying out-of-place Allreduce (docs/design-engine.md,
+    # "Out-of-place allreduces: horo's own ring").
     Setting("ring_min_bytes", _V, "out-of-place allreduces from this size go round horo's own ring instead of "
             "MPI's out-of-place `Allreduce`, which copies first; 0: never", var="HORO_RING_MIN_BYTES", kind="int",
             default="262144", note="0 across hosts", reader="the MPI transport", agreed=True, topic="engine"),
@@ -35,10 +36,10 @@ _HORO: tuple[Setting, ...] = (
     Setting("nccl_fusion_threshold", _V, "fusion size for GPU tensors: device copies are cheap next to a kernel "
             "launch", var="HORO_NCCL_FUSION_THRESHOLD", kind="int", default="8388608", reader="the NCCL backend",
             agreed=True, topic="gpus"),
-    Setting("gpu_operations", _V, "`MPI`: stage GPU tensors through host memory instead of NCCL (a build "
-            "option in Horovod, a run-time switch in horo)", var="HORO_GPU_OPERATIONS",
-            horovod="HOROVOD_GPU_OPERATIONS", kind="choice", choices=("NCCL", "MPI"), note="NCCL when usable",
-            reader="the GPU backend", topic="gpus"),
+    Setting("gpu_operations", _V, "`NCCL`: GPU tensors go over NCCL where every rank of the set can use it, "
+            "else through host memory; `MPI`: always through host memory (a build option in Horovod, a run-time "
+            "switch in horo)", var="HORO_GPU_OPERATIONS", horovod="HOROVOD_GPU_OPERATIONS", kind="choice",
+            choices=("NCCL", "MPI"), default="NCCL", reader="the GPU backend", topic="gpus"),
     # As DDP's Reducer sizes them: the first bucket small, so the first exchange starts early in backward.
     Setting("bucket_bytes", _V, "`horo.torch` gradient bucket size (DDP's 25 MiB); 0: one exchange per "
             "parameter. Autotune tunes it unless set by hand ([Autotune](autotune.md#the-bucket-size))",
@@ -63,9 +64,34 @@ _HORO: tuple[Setting, ...] = (
             "random value, 32 characters or more, in every process's environment, never on a command line; "
             "unset on one host, local rank 0 draws one ([Keys](cluster.md#keys))", var="HORO_JOIN_SECRET",
             reader="init()", topic="launching"),
-    Setting("spark_start_timeout", _V, "seconds for horo.spark's tasks to start", var="HORO_SPARK_START_TIMEOUT",
+    Setting("spark_start_timeout", _V, "seconds for horo.spark's tasks to start and join one world: the default "
+            "`start_timeout` of `run` and `run_elastic`. horo.spark reads `HOROVOD_SPARK_START_TIMEOUT` first: "
+            "where both are set, Horovod's name wins there", var="HORO_SPARK_START_TIMEOUT",
             horovod="HOROVOD_SPARK_START_TIMEOUT", kind="float", default="600", reader="horo.spark",
             topic="launching"),
+    Setting("testbed_dir", _V, "where `python -m horo.testbed` keeps the state of an emulated cluster (the "
+            "test bed of horo's own multi-host suite)", var="HORO_TESTBED_DIR", kind="path",
+            default="/run/horo-testbed", reader="horo.testbed", topic="launching"),
+    # How horo.tensorflow's graph collectives wait (horo/tensorflow/kernel.py): a compiled kernel, else tf.data.
+    Setting("tf_kernel", _V, "how `horo.tensorflow`'s collectives inside a graph wait: `auto` (a small TensorFlow "
+            "kernel compiled on first use, else a pure-Python wait through tf.data, with one warning), "
+            "`compiled` (raise if the kernel cannot be built), `python` (always tf.data)", var="HORO_TF_KERNEL",
+            default="auto", reader="horo.tensorflow", topic="engine"),
+    Setting("cache_dir", _V, "where `horo.tensorflow` keeps its compiled kernel, one per TensorFlow version",
+            var="HORO_CACHE_DIR", kind="path", note="`$XDG_CACHE_HOME/horo`, else `~/.cache/horo`",
+            reader="horo.tensorflow", topic="engine"),
+    # Read only where the MPI launcher did not say (OMPI_MCA_mpi_ft_enable): hororun's elastic mode and
+    # `mpiexec --with-ft ulfm` both set that variable for the ranks.
+    Setting("elastic_ft", _V, "1: take this job's Open MPI as started with fault tolerance (ULFM) where "
+            "`OMPI_MCA_mpi_ft_enable` is not in the ranks' environment (when it is, it decides); hororun's "
+            "elastic mode and `mpiexec --with-ft ulfm` need neither", var="HORO_ELASTIC_FT",
+            reader="horo.elastic", topic="failures"),
+    Setting("elastic_verbose", _V, "0: no `horo.elastic:` lines on stderr (a world that shrinks, grows or "
+            "restarts, a worker that leaves)", var="HORO_ELASTIC_VERBOSE", default="1", reader="horo.elastic",
+            topic="timeline"),
+    Setting("autotune_start", _V, "the first trial's values, e.g. `HORO_FUSION_THRESHOLD=67108864,"
+            "HORO_CYCLE_TIME=5`; those knobs stay tunable ([Autotune](autotune.md))", var="HORO_AUTOTUNE_START",
+            reader="autotune", topic="timeline"),
 )
 
 #: Horovod's runtime variables that no flag sets, read as Horovod reads them or warned about.

@@ -12,8 +12,8 @@ op and scale are packed into a reused fusion buffer up to ``HORO_FUSION_THRESHOL
 Idle engines keep ticking every ``HORO_CYCLE_TIME`` ms (default 50), so a rank that never submits a
 tensor is still seen: that is what lets the stall inspector name it. A parked engine wakes at once when
 its own rank submits, which any pending op needs anyway, so the long tick adds no latency. Across hosts the
-tick is never shorter than ``_MIN_TICK_ACROSS_HOSTS_S``: a 2 ms tick stalled Open MPI's TCP transport
-(docs/multihost.md, "short engine tick").
+tick is never shorter than ``_MIN_TICK_ACROSS_HOSTS_S``: a 2 ms tick stalls Open MPI's TCP transport
+(docs/design-engine.md, "The engine: symmetric negotiation with a response cache").
 
 Its jobs are one module each, mixed into :class:`Engine`: the round's exchange and waiting (``waiting``), the
 round protocol (``rounds``, header words in ``header``), the response cache (``matching``), running the ready

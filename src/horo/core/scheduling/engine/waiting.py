@@ -33,10 +33,10 @@ class Waiting:
         submission, or a caller starting to wait, cuts it off.
 
         Never fast while a caller thread of this rank sits in a blocking MPI call (inside ``join()``, or
-        in an agreement): across hosts, Open MPI's TCP transport then stalled for seconds to minutes
-        (docs/multihost.md, "join() across hosts"). The blocked caller drives MPI's progress anyway; this
-        thread only has to notice completion, at the idle cadence. ``stirs``: ``self.stirs`` when the round
-        took its snapshot of the pending work.
+        in an agreement): across hosts, Open MPI's TCP transport then stalls for seconds to minutes
+        (docs/design-engine.md, "The engine: symmetric negotiation with a response cache"). The blocked
+        caller drives MPI's progress anyway; this thread only has to notice completion, at the idle cadence.
+        ``stirs``: ``self.stirs`` when the round took its snapshot of the pending work.
         """
         busy = bool(self.pending) and not self._caller_in_mpi()
         if busy and self._poll_fast(mpi_req):  # idle rounds must not tax other MPI traffic
