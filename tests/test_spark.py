@@ -275,3 +275,22 @@ def test_import_without_pyspark_names_the_extra():
                          env={**os.environ, "PYTHONPATH": str(REPO / "src")})
     assert out.returncode != 0
     assert "pip install 'horo-mpi[spark]'" in out.stderr, out.stderr[-2000:]
+
+
+def test_timeouts_read_horos_name_before_horovods(monkeypatch: pytest.MonkeyPatch) -> None:
+    """As every other setting: where both names are set, HORO_ wins; Horovod's alone is read too."""
+    from horo.spark import settings
+
+    def start_timeout() -> float:
+        return settings.check(print, (), None, 2, None, None, None, None, None, 1, None, None, 2).start_timeout
+
+    monkeypatch.setenv("HORO_SPARK_START_TIMEOUT", "7")
+    monkeypatch.setenv("HOROVOD_SPARK_START_TIMEOUT", "9")
+    assert start_timeout() == 7.0
+    monkeypatch.delenv("HORO_SPARK_START_TIMEOUT")
+    assert start_timeout() == 9.0
+    monkeypatch.setenv("HORO_ELASTIC_TIMEOUT", "30")
+    monkeypatch.setenv("HOROVOD_ELASTIC_TIMEOUT", "40")
+    assert settings.check_elastic(2, None, None, None, None)[2] == 30.0
+    monkeypatch.delenv("HORO_ELASTIC_TIMEOUT")
+    assert settings.check_elastic(2, None, None, None, None)[2] == 40.0

@@ -175,10 +175,10 @@ def run_elastic(fn: Callable[..., Any], args: tuple = (), kwargs: Mapping[str, A
         num_proc: processes to start with. Defaults to ``spark.default.parallelism``.
         min_num_proc: fewest processes to go on with (default ``num_proc``); fewer wait up to ``elastic_timeout``.
         max_num_proc: most processes (default ``num_proc``); as many Spark tasks are started.
-        start_timeout: seconds for ``num_proc`` tasks to start (``HOROVOD_SPARK_START_TIMEOUT``, else
-            ``HORO_SPARK_START_TIMEOUT``, else 600).
-        elastic_timeout: seconds to wait for ``min_num_proc`` slots after a change (``HOROVOD_ELASTIC_TIMEOUT``,
-            else ``HORO_ELASTIC_TIMEOUT``, else 600).
+        start_timeout: seconds for ``num_proc`` tasks to start (``HORO_SPARK_START_TIMEOUT``, else
+            ``HOROVOD_SPARK_START_TIMEOUT``, else 600).
+        elastic_timeout: seconds to wait for ``min_num_proc`` slots after a change (``HORO_ELASTIC_TIMEOUT``,
+            else ``HOROVOD_ELASTIC_TIMEOUT``, else 600).
         reset_limit: most resets before the job fails (default: no limit).
         env: the variables the processes get; the driver's own environment is not copied, only what finds
             Python and horo (``PATH``, ``PYTHONPATH``, ``LD_LIBRARY_PATH``, ...).

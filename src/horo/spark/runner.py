@@ -140,7 +140,7 @@ def run(fn: Callable[..., Any], args: tuple = (), kwargs: Mapping[str, Any] | No
         kwargs: keyword arguments for ``fn``.
         num_proc: how many processes (Spark tasks). Defaults to ``spark.default.parallelism``.
         start_timeout: seconds for the tasks to start and the world to form. Defaults to
-            ``HOROVOD_SPARK_START_TIMEOUT``, else ``HORO_SPARK_START_TIMEOUT``, else 600.
+            ``HORO_SPARK_START_TIMEOUT``, else ``HOROVOD_SPARK_START_TIMEOUT``, else 600.
         extra_mpi_args: Open MPI settings for the processes: ``-x NAME=VALUE`` and ``--mca KEY VALUE`` items.
         env: the variables the processes get on top of their executor's environment. The driver's own
             environment is not copied (pass ``env=os.environ`` to copy it).

@@ -95,11 +95,11 @@ def check(fn: Any, args: Any, kwargs: Any, num_proc: Any, start_timeout: Any, ex
     if isinstance(num_proc, bool) or not isinstance(num_proc, int) or num_proc < 1:
         raise _bad("num_proc", num_proc, "a positive int (default: spark.default.parallelism)")
     if start_timeout is None:
-        raw = os.environ.get("HOROVOD_SPARK_START_TIMEOUT") or os.environ.get("HORO_SPARK_START_TIMEOUT") or "600"
+        raw = os.environ.get("HORO_SPARK_START_TIMEOUT") or os.environ.get("HOROVOD_SPARK_START_TIMEOUT") or "600"
         try:
             start_timeout = float(raw)
         except ValueError:
-            raise _bad("HOROVOD_SPARK_START_TIMEOUT", raw, "seconds, e.g. 600") from None
+            raise _bad("HORO_SPARK_START_TIMEOUT (or HOROVOD_SPARK_START_TIMEOUT)", raw, "seconds, e.g. 600") from None
     if isinstance(start_timeout, bool) or not isinstance(start_timeout, (int, float)) or start_timeout <= 0:
         raise _bad("start_timeout", start_timeout, "seconds > 0 (default 600)")
     if env is not None and not isinstance(env, Mapping):
@@ -125,7 +125,7 @@ def check(fn: Any, args: Any, kwargs: Any, num_proc: Any, start_timeout: Any, ex
 def check_elastic(num_proc: int, min_num_proc: Any, max_num_proc: Any, elastic_timeout: Any,
                   reset_limit: Any) -> tuple[int, int, float]:
     """(fewest, most processes, elastic timeout) with Horovod's defaults: ``num_proc`` for both bounds,
-    ``HOROVOD_ELASTIC_TIMEOUT``, else ``HORO_ELASTIC_TIMEOUT``, else 600 s."""
+    ``HORO_ELASTIC_TIMEOUT``, else ``HOROVOD_ELASTIC_TIMEOUT``, else 600 s."""
     low = num_proc if min_num_proc is None else min_num_proc
     high = num_proc if max_num_proc is None else max_num_proc
     for name, value in (("min_num_proc", low), ("max_num_proc", high)):
@@ -135,11 +135,11 @@ def check_elastic(num_proc: int, min_num_proc: Any, max_num_proc: Any, elastic_t
         raise _bad("num_proc", num_proc, f"min_num_proc <= num_proc <= max_num_proc; here min_num_proc={low}, "
                    f"max_num_proc={high}")
     if elastic_timeout is None:
-        raw = os.environ.get("HOROVOD_ELASTIC_TIMEOUT") or os.environ.get("HORO_ELASTIC_TIMEOUT") or "600"
+        raw = os.environ.get("HORO_ELASTIC_TIMEOUT") or os.environ.get("HOROVOD_ELASTIC_TIMEOUT") or "600"
         try:
             elastic_timeout = float(raw)
         except ValueError:
-            raise _bad("HOROVOD_ELASTIC_TIMEOUT", raw, "seconds, e.g. 600") from None
+            raise _bad("HORO_ELASTIC_TIMEOUT (or HOROVOD_ELASTIC_TIMEOUT)", raw, "seconds, e.g. 600") from None
     if isinstance(elastic_timeout, bool) or not isinstance(elastic_timeout, (int, float)) or elastic_timeout <= 0:
         raise _bad("elastic_timeout", elastic_timeout, "seconds > 0 (default 600)")
     if reset_limit is not None and (isinstance(reset_limit, bool) or not isinstance(reset_limit, int)

@@ -53,8 +53,8 @@ LAUNCH: tuple[Setting, ...] = (
     Setting("slots_per_host", "elastic", "slots of a discovered host printed without ':slots' (default 1)",
             flags=("--slots-per-host",), kind="int", metavar="K"),
     Setting("elastic_timeout", "elastic", "seconds an elastic job waits for --min-np slots, at the start and "
-            "after a failure; also horo.spark.run_elastic's default elastic_timeout (horo.spark reads "
-            "HOROVOD_ELASTIC_TIMEOUT first)", var="HORO_ELASTIC_TIMEOUT", horovod="HOROVOD_ELASTIC_TIMEOUT",
+            "after a failure; also horo.spark.run_elastic's default elastic_timeout", var="HORO_ELASTIC_TIMEOUT",
+            horovod="HOROVOD_ELASTIC_TIMEOUT",
             flags=("--elastic-timeout",), kind="float", default="600",
             reader="hororun's elastic driver, horo.elastic, horo.spark", topic="launching", metavar="SEC"),
     Setting("reset_limit", "elastic", "fail an elastic job after more than R resets (default: no limit)",

@@ -65,8 +65,7 @@ _HORO: tuple[Setting, ...] = (
             "unset on one host, local rank 0 draws one ([Keys](cluster.md#keys))", var="HORO_JOIN_SECRET",
             reader="init()", topic="launching"),
     Setting("spark_start_timeout", _V, "seconds for horo.spark's tasks to start and join one world: the default "
-            "`start_timeout` of `run` and `run_elastic`. horo.spark reads `HOROVOD_SPARK_START_TIMEOUT` first: "
-            "where both are set, Horovod's name wins there", var="HORO_SPARK_START_TIMEOUT",
+            "`start_timeout` of `run` and `run_elastic`", var="HORO_SPARK_START_TIMEOUT",
             horovod="HOROVOD_SPARK_START_TIMEOUT", kind="float", default="600", reader="horo.spark",
             topic="launching"),
     Setting("testbed_dir", _V, "where `python -m horo.testbed` keeps the state of an emulated cluster (the "

@@ -72,7 +72,7 @@ def start(world: Any) -> subprocess.Popen | None:
     Raises:
         RuntimeError: on every rank, when some rank could not reach rank 0 (naming them and the setting).
     """
-    timeout = config.get("HORO_HEARTBEAT_TIMEOUT_SECONDS", 6.0)
+    timeout = config["HORO_HEARTBEAT_TIMEOUT_SECONDS"]
     me, size = world.Get_rank(), world.Get_size()
     every = world.allgather((socket.gethostname(), os.getpid()))
     if timeout <= 0 or size < 2:

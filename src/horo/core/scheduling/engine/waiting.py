@@ -43,7 +43,7 @@ class Waiting:
             return
         # An idle round (nothing pending, not joined) is awaited by no one here: its first check waits a
         # whole cycle (a submission cuts it short). Polling it fast is what starved a concurrent blocking
-        # call across hosts when the cycle was short (docs/multihost.md, "short engine tick").
+        # call across hosts when the cycle was short (docs/design-engine.md, "The engine").
         delay = 5e-5 if busy or self.pending or self.joined else self.idle_s
         while not mpi_req.Test():
             with self.cv:
