@@ -111,13 +111,37 @@ def multi(world):
 # one after the other: the test bed's namespaces (several beds at once would contend for the same cores and
 # links' timing), a local Ray cluster, a Spark JVM.
 _GROUPS = (("multihost", "bed"), ("slurm", "bed"), ("test_ray", "ray"), ("test_spark", "spark"))
+# Cases that share a module-scoped fixture worth tens of seconds (a process importing every framework): one
+# worker makes it once. (module file, test-name prefix)
+_SHARED = (("test_hororun.py", "test_check_build"), ("test_horovod_names.py", "test_"))
 
 
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    for item in items:
-        path = Path(str(item.fspath)).resolve()
-        where = path.relative_to(_HERE).parts if _HERE in path.parents else ()
-        for prefix, group in _GROUPS:
-            if where and (where[0] == prefix or where[-1].startswith(prefix)):
-                item.add_marker(pytest.mark.xdist_group(group))
-                break
+def _group(nodeid: str) -> str | None:
+    """The shared thing a test case needs (a key of _GROUPS), from its node id ("tests/multihost/x.py::t")."""
+    path, _, name = nodeid.partition("::")
+    parts = Path(path).parts
+    where = parts[parts.index("tests") + 1:] if "tests" in parts else parts
+    for prefix, group in _GROUPS:
+        if where and (where[0] == prefix or where[-1].startswith(prefix)):
+            return group
+    for module, test in _SHARED:
+        if where and where[-1] == module and name.startswith(test):
+            return f"{module}::{test}"
+    return None
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object | None:
+    """With ``--dist loadgroup``, each group of _GROUPS is one unit of work, run by one worker; every other
+    case is a unit of its own. The groups are found here, from paths, rather than by an ``xdist_group`` mark:
+    xdist reads the mark through a node-id suffix that pytest 9.2 no longer keeps, and so loses the groups
+    without a word."""
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadGroupScheduling
+
+    class _Grouped(LoadGroupScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return _group(nodeid) or super()._split_scope(nodeid)
+
+    return _Grouped(config, log)  # type: ignore[arg-type]
