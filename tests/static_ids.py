@@ -70,7 +70,8 @@ class _Unknown(Exception):
 def _eval(node: ast.expr, scope: dict[str, Any]) -> Any:
     try:
         code = compile(ast.Expression(node), "<test file>", "eval")
-        return eval(code, {"__builtins__": _BUILTINS, "pytest": _Pytest}, scope)  # noqa: S307 - the repository's own tests
+        # One namespace (globals): a comprehension's body does not see eval's separate locals.
+        return eval(code, {**scope, "__builtins__": _BUILTINS, "pytest": _Pytest})  # noqa: S307 - the repository's own tests
     except Exception as exc:  # noqa: BLE001 - anything not computable from the file alone
         raise _Unknown(ast.unparse(node)) from exc
 

@@ -307,7 +307,7 @@ def read_log(path: Path) -> list[dict[str, str]]:
 
 
 @pytest.mark.timeout(400)
-@pytest.mark.parametrize("n", [2, 3])
+@pytest.mark.parametrize("n", [2, pytest.param(3, marks=pytest.mark.slow)])  # 3: in `make test-slow-ci`
 def test_settings_change_at_the_same_round_everywhere_and_results_match_untuned(tmp_path: Path, n: int) -> None:
     log = tmp_path / "log.csv"
     timeline = tmp_path / "timeline.json"
@@ -378,6 +378,7 @@ def test_explicit_knobs_are_held_fixed(tmp_path: Path) -> None:
     assert all(k["fusion_threshold"] == 2097152 and k["cycle_time_ms"] == 7 for _, k in recs[0]["knob_log"])
 
 
+@pytest.mark.slow  # in `make test-slow-ci`, a stage of CI
 @pytest.mark.timeout(300)
 def test_cache_file_is_reused(tmp_path: Path) -> None:
     cache, log1, log2 = tmp_path / "tuned.json", tmp_path / "log1.csv", tmp_path / "log2.csv"

@@ -320,7 +320,9 @@ def test_elastic_sampler_covers_each_sample_once_across_a_reset(tmp_path: Path) 
 
 
 @needs_ulfm
-@pytest.mark.parametrize("backend", ["tensorflow", "torch", "jax", "keras2"])
+# TensorFlow in `make test`; the other backends in `make test-slow-ci` (a stage of CI).
+@pytest.mark.parametrize("backend", ["tensorflow", *(pytest.param(b, marks=pytest.mark.slow)
+                                                     for b in ("torch", "jax", "keras2"))])
 @pytest.mark.timeout(300)
 def test_keras_fit_survives_a_kill(tmp_path: Path, backend: str) -> None:
     """Keras fit with KerasState and the three callbacks: rank 2 dies mid-epoch, fit goes on with 2 (Keras 3 on

@@ -34,6 +34,9 @@ _NEEDS = {"tensorflow": "tensorflow", "torch": "torch", "jax": "jax"}
 _EXTRA = {"tensorflow": "horo-mpi[tensorflow-cpu]", "torch": "horo-mpi[torch]", "jax": "horo-mpi[jax]"}
 
 
+# World size 3 runs in `make test-slow-ci` (a stage of CI): `make test` keeps 1 and 2 ranks for the edit loop.
+CI_STAGE = pytest.mark.slow
+
 KERAS2_FILES = ["test_keras2_optimizer.py", "test_keras2_training.py", "test_keras2_tensorflow.py"]
 # Keras 3's fit with horo's callbacks while Keras 2 is loaded too (a representative few: the whole file is slow).
 BOTH_KERASES = [f"test_callbacks.py::{name}" for name in (
@@ -44,7 +47,7 @@ BOTH_KERASES = [f"test_callbacks.py::{name}" for name in (
 
 @pytest.mark.mpi
 @pytest.mark.timeout(OUTER_TIMEOUT + 60)
-@pytest.mark.parametrize("n", [1, 2, 3], ids=lambda n: f"keras2-np{n}")
+@pytest.mark.parametrize("n", [1, 2, pytest.param(3, marks=CI_STAGE)], ids=lambda n: f"keras2-np{n}")
 def test_keras2_suite(n, tmp_path, monkeypatch):
     if importlib.util.find_spec("tf_keras") is None or importlib.util.find_spec("tensorflow") is None:
         pytest.skip("needs tensorflow and tf_keras (pip install 'horo-mpi[tensorflow-cpu,tf-keras]')")
@@ -62,7 +65,8 @@ def test_keras2_suite(n, tmp_path, monkeypatch):
 
 @pytest.mark.mpi
 @pytest.mark.timeout(OUTER_TIMEOUT + 60)
-@pytest.mark.parametrize("n,backend", JOBS, ids=[f"{b}-np{n}" for n, b in JOBS])
+@pytest.mark.parametrize("n,backend", [pytest.param(n, b, marks=[CI_STAGE] if n == 3 else []) for n, b in JOBS],
+                         ids=[f"{b}-np{n}" for n, b in JOBS])
 def test_keras_suite(n, backend, tmp_path, monkeypatch):
     needed = _NEEDS[backend]
     if importlib.util.find_spec("keras") is None or importlib.util.find_spec(needed) is None:
