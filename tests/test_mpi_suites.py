@@ -138,7 +138,11 @@ def run_mpi_pytest(n: int, logdir: Path, extra_args: list[str] | None = None,
         failures = logdir / f"rank{r}.failures"
         if rc is None and failures.exists():
             # The rank was killed before pytest's summary: show what had failed on it by then.
-            early.append((r, failures.read_text(errors="replace")))
+            early.append((r, "tests that had failed before it was stopped", failures.read_text(errors="replace")))
+        stacks = logdir / f"rank{r}.stacks"
+        if rc is None and stacks.exists() and stacks.stat().st_size:
+            # It was terminated (a peer's timeout ended the job): where each of its threads waited.
+            early.append((r, "where it waited when it was terminated", stacks.read_text(errors="replace")))
     passed = not problems
     report = [f"world size {n}: {'passed' if passed else 'FAILED'} in {elapsed:.1f} s", *problems,
               "", "===== rank 0 (and mpiexec) output =====", _tail(out)]
@@ -152,8 +156,8 @@ def run_mpi_pytest(n: int, logdir: Path, extra_args: list[str] | None = None,
                            *summary[-50:]]
             else:
                 report += [f"===== rank {r} log (exit status {rc}) =====", _tail(text)]
-        for r, text in early:
-            report += [f"===== rank {r}: tests that had failed before it was stopped =====", _tail(text, 6000)]
+        for r, what, text in early:
+            report += [f"===== rank {r}: {what} =====", _tail(text, 6000)]
     return passed, "\n".join(report)
 
 

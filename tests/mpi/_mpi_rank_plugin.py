@@ -3,6 +3,9 @@
 * Ranks other than 0 send their stdout/stderr to ``$HORO_TEST_LOGDIR/rank<r>.log``: CI shows only rank 0's
   summary, and the harness prints every rank's log when the job fails.
 * Every rank appends each failing test's report to ``rank<r>.failures`` as soon as it fails.
+* Every rank dumps every thread's stack to ``rank<r>.stacks`` when it is sent SIGTERM: when one rank's test
+  times out (pytest-timeout's thread method exits it), the launcher terminates the others, and they too say
+  where they waited.
 * Every rank writes its pytest exit status to ``$HORO_TEST_LOGDIR/rank<r>.rc`` at the end of the session, so a
   failure on rank 1 alone fails the job even if mpiexec reported 0, and a rank that died (killed, os._exit
   by pytest-timeout, MPI abort) shows up as "no exit status".
@@ -13,7 +16,9 @@ read from the process manager's environment (MPICH hydra: PMI_RANK; Open MPI: OM
 
 from __future__ import annotations
 
+import faulthandler
 import os
+import signal
 import sys
 
 _RANK_VARS = ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "MPI_LOCALRANKID")
@@ -39,6 +44,12 @@ if _LOGDIR and _RANK != 0:
     os.dup2(_fd, 1)
     os.dup2(_fd, 2)
     os.close(_fd)
+
+
+if _LOGDIR:
+    # Kept open for the process's life: faulthandler writes to its descriptor from the signal handler.
+    _STACKS = open(os.path.join(_LOGDIR, f"rank{_RANK}.stacks"), "w")  # noqa: SIM115
+    faulthandler.register(signal.SIGTERM, file=_STACKS, all_threads=True, chain=True)
 
 
 def pytest_report_header(config):
