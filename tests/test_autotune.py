@@ -307,7 +307,8 @@ def read_log(path: Path) -> list[dict[str, str]]:
 
 
 @pytest.mark.timeout(400)
-@pytest.mark.parametrize("n", [2, pytest.param(3, marks=pytest.mark.slow)])  # 3: in `make test-slow-ci`
+@pytest.mark.slow  # in `make test-slow-ci`, a stage of CI
+@pytest.mark.parametrize("n", [2, 3])
 def test_settings_change_at_the_same_round_everywhere_and_results_match_untuned(tmp_path: Path, n: int) -> None:
     log = tmp_path / "log.csv"
     timeline = tmp_path / "timeline.json"

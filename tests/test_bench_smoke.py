@@ -16,7 +16,8 @@ pytest.importorskip("keras")
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("backend", ["tensorflow", pytest.param("jax", marks=[pytest.mark.slow, pytest.mark.long])])
+@pytest.mark.slow  # in `make test-slow-ci`, a stage of CI (jax: `make test-slow` only)
+@pytest.mark.parametrize("backend", ["tensorflow", pytest.param("jax", marks=[pytest.mark.long])])
 def test_keras_bench_runs_and_reports_every_variant(tmp_path: Path, backend: str) -> None:
     if importlib.util.find_spec(backend) is None:
         pytest.skip(f"needs {backend}")
@@ -46,6 +47,7 @@ def test_keras_bench_runs_and_reports_every_variant(tmp_path: Path, backend: str
 
 
 @pytest.mark.mpi
+@pytest.mark.slow  # in `make test-slow-ci`, a stage of CI
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("backend", ["tensorflow", "torch"])
 def test_keras_steps_bench_splits_every_rank_s_step(tmp_path: Path, backend: str) -> None:

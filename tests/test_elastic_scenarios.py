@@ -24,6 +24,8 @@ A, B = "localhost", "127.0.0.1"
 # rest (as DDP's), so that a world change meets bucket state kept from the old world.
 TORCH = {"FRAMEWORK": "torch", "HORO_FIRST_BUCKET_BYTES": "64", "HORO_BUCKET_BYTES": "128"}
 FRAMEWORKS = [pytest.param({}, id="numpy"), pytest.param(TORCH, id="torch-buckets")]
+# The costlier torch variants of two scenarios run in `make test-slow-ci`, a stage of CI.
+FRAMEWORKS_CI = [pytest.param({}, id="numpy"), pytest.param(TORCH, id="torch-buckets", marks=pytest.mark.slow)]
 
 
 def _discovery(tmp_path: Path, log: Path, schedule: list[tuple[int | None, list[str]]]) -> Path:
@@ -81,7 +83,7 @@ def _finished_equal(job: Job, size: int) -> None:
 
 @needs_ulfm
 @pytest.mark.timeout(400)
-@pytest.mark.parametrize("framework", FRAMEWORKS)
+@pytest.mark.parametrize("framework", FRAMEWORKS_CI)
 @pytest.mark.parametrize("slots, np_, min_np, max_np",
                          [(2, 2, 2, 4), pytest.param(1, 1, 1, 2, marks=pytest.mark.slow)], ids=["2-slots", "1-slot"])
 def test_hosts_added_and_removed(tmp_path: Path, slots: int, np_: int, min_np: int, max_np: int,
@@ -169,7 +171,7 @@ RESET_SCHEDULE = [(0, [f"{A}:2"]), (1, [f"{A}:2", f"{B}:2"]), (None, [f"{B}:2"])
 
 @needs_ulfm
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("framework", FRAMEWORKS)
+@pytest.mark.parametrize("framework", FRAMEWORKS_CI)
 def test_reset_limit(tmp_path: Path, framework: dict[str, str]) -> None:
     """The hosts-added-and-removed schedule resets twice (growth, then removal): --reset-limit 1 ends the job
     non-zero at the second reset."""

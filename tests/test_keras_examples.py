@@ -76,6 +76,7 @@ def test_keras_fit_recipe_on_jax_needs_no_tensorflow(tmp_path: Path) -> None:
 
 
 @pytest.mark.mpi
+@pytest.mark.slow  # in `make test-slow-ci`, a stage of CI, and `make demo`
 @pytest.mark.timeout(TIMEOUT + 30)
 def test_tf_custom_loop_on_two_ranks(tmp_path: Path) -> None:
     out = _hororun("tf_custom_loop.py", cwd=tmp_path)

@@ -34,8 +34,10 @@ _NEEDS = {"tensorflow": "tensorflow", "torch": "torch", "jax": "jax"}
 _EXTRA = {"tensorflow": "horo-mpi[tensorflow-cpu]", "torch": "horo-mpi[torch]", "jax": "horo-mpi[jax]"}
 
 
-# World size 3 runs in `make test-slow-ci` (a stage of CI): `make test` keeps 1 and 2 ranks for the edit loop.
+# Every case runs in CI; `make test` keeps one world size per backend (2 ranks for TensorFlow and torch, 1 for JAX
+# and Keras 2), and `make test-slow-ci`, a later stage of CI, runs the others.
 CI_STAGE = pytest.mark.slow
+MAKE_TEST = {("tensorflow", 2), ("torch", 2), ("jax", 1)}
 
 KERAS2_FILES = ["test_keras2_optimizer.py", "test_keras2_training.py", "test_keras2_tensorflow.py"]
 # Keras 3's fit with horo's callbacks while Keras 2 is loaded too (a representative few: the whole file is slow).
@@ -47,7 +49,8 @@ BOTH_KERASES = [f"test_callbacks.py::{name}" for name in (
 
 @pytest.mark.mpi
 @pytest.mark.timeout(OUTER_TIMEOUT + 60)
-@pytest.mark.parametrize("n", [1, 2, pytest.param(3, marks=CI_STAGE)], ids=lambda n: f"keras2-np{n}")
+@pytest.mark.parametrize("n", [1, pytest.param(2, marks=CI_STAGE), pytest.param(3, marks=CI_STAGE)],
+                         ids=lambda n: f"keras2-np{n}")
 def test_keras2_suite(n, tmp_path, monkeypatch):
     if importlib.util.find_spec("tf_keras") is None or importlib.util.find_spec("tensorflow") is None:
         pytest.skip("needs tensorflow and tf_keras (pip install 'horo-mpi[tensorflow-cpu,tf-keras]')")
@@ -65,7 +68,8 @@ def test_keras2_suite(n, tmp_path, monkeypatch):
 
 @pytest.mark.mpi
 @pytest.mark.timeout(OUTER_TIMEOUT + 60)
-@pytest.mark.parametrize("n,backend", [pytest.param(n, b, marks=[CI_STAGE] if n == 3 else []) for n, b in JOBS],
+@pytest.mark.parametrize("n,backend",
+                         [pytest.param(n, b, marks=[] if (b, n) in MAKE_TEST else [CI_STAGE]) for n, b in JOBS],
                          ids=[f"{b}-np{n}" for n, b in JOBS])
 def test_keras_suite(n, backend, tmp_path, monkeypatch):
     needed = _NEEDS[backend]

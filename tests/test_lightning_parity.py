@@ -31,7 +31,7 @@ SCRIPT = REPO / "tests" / "scripts" / "lightning_parity.py"
 TIMEOUT = 240.0
 BOTH = ("horo", "self")
 CASES = [pytest.param("lightning", 2, ("horo",), id="lightning-2"),
-         pytest.param("pytorch_lightning", 3, ("self",), id="pytorch_lightning-3"),
+         pytest.param("pytorch_lightning", 3, ("self",), id="pytorch_lightning-3", marks=[pytest.mark.slow]),
          pytest.param("lightning", 3, BOTH, id="lightning-3", marks=[pytest.mark.slow, pytest.mark.long]),
          pytest.param("pytorch_lightning", 2, BOTH, id="pytorch_lightning-2",
                       marks=[pytest.mark.slow, pytest.mark.long])]

@@ -170,6 +170,7 @@ def test_a_listener_refuses_junk_and_idle_floods_cheaply_and_logs_once(caplog) -
         held = attack.idle(lst.address, 40)  # more than the listener keeps: the oldest are let go
         flood = attack.junk(lst.address, 300)
         after = attack.cost(os.getpid())
+        print(f"flood cost (rss bytes, threads): {before} -> {after}")  # shown with -rP
         conn = signed.connect(lst.address, KEY, "flood-test", timeout=10)
         assert conn.request({"op": "after the flood"}, timeout=10) == {"ok": True}
         assert served == [{"op": "after the flood"}]
@@ -194,6 +195,7 @@ def test_the_spark_driver_server_takes_its_tasks_through_a_flood() -> None:
         held = attack.idle(("127.0.0.1", srv.port), 12)
         flood = attack.junk(("127.0.0.1", srv.port), 300)
         after = attack.cost(os.getpid())
+        print(f"flood cost (rss bytes, threads): {before} -> {after}")  # shown with -rP
         channel = connect(f"127.0.0.1:{srv.port}", KEY, timeout=10)
         channel.send({"op": "hello", "index": 0})
         assert channel.recv(wait=10)[0] == {"op": "ack"} and got == [{"op": "hello", "index": 0}]
@@ -220,6 +222,7 @@ def test_the_heartbeat_setup_takes_its_ranks_through_a_flood(tmp_path: Path) -> 
         held = attack.idle(address, 12)
         flood = attack.junk(address, 300)
         after = attack.cost(procs[0].pid)
+        print(f"flood cost (rss bytes, threads): {before} -> {after}")  # shown with -rP
         procs[1].stdin.write(json.dumps({**cfg, "me": 1}) + "\n" + json.dumps({"addrs": addrs}) + "\n")
         procs[1].stdin.flush()
         assert json.loads(procs[1].stdout.readline()) == {"ok": True}
@@ -362,6 +365,7 @@ def test_a_torchrun_job_forms_while_a_stranger_floods_it_and_asks_for_a_shell(tm
         held = attack.idle(("127.0.0.1", port + 1), 12)
         flood = attack.junk(("127.0.0.1", port + 1), 300)
         after = attack.cost(rank0)
+        print(f"flood cost (rss bytes, threads): {before} -> {after}")  # shown with -rP
         attack.close(flood)
         shell = {"kind": "exec", "command": f"touch {marker}; : prted"}
         for address in servers:
@@ -409,6 +413,7 @@ def test_an_elastic_job_finishes_while_its_driver_is_flooded(tmp_path: Path) -> 
         held = attack.idle(driver[0], 12)
         flood = attack.junk(driver[0], 300)
         after = attack.cost(proc.pid)
+        print(f"flood cost (rss bytes, threads): {before} -> {after}")  # shown with -rP
         attack.close(flood)
         text, _ = proc.communicate(timeout=150)
     finally:

@@ -804,7 +804,7 @@ def test_heartbeats_end_a_job_on_a_silent_host(bed, tmp_path, kind):
     print(f"heartbeats, {kind}: the job ended {ended:.1f} s after node2 fell silent, rc {rc}")
 
 
-@pytest.mark.parametrize("kind", ["cut", "frozen"])
+@pytest.mark.parametrize("kind", ["cut", pytest.param("frozen", marks=pytest.mark.slow)])  # frozen: test-slow-ci
 def test_elastic_heartbeats_go_on_without_a_silent_host(bed, tmp_path, kind):
     """The same faults in an elastic job (no horo setting): node1's workers end at the heartbeat timeout,
     hororun takes node2 for lost and starts the job again on node1 from the last commit, within 15 s of the
