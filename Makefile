@@ -54,7 +54,9 @@ test-quick: $(STAMP)
 test-slurm: $(STAMP)
 	$(PY) -m pytest -q -p no:cacheprovider -m "slurm and not slow" --durations=10 tests/slurm
 
-# The cases that take minutes each: the wheel installed into a fresh venv, Adasum's suite at 5 and 6 ranks.
+# The cases marked `slow`: those of minutes each (elastic growth, faults across hosts, Ray and Spark across hosts,
+# the wheel in a fresh venv, Adasum at 5 and 6 ranks), and the world sizes and variants `make test` leaves to CI's
+# later stage (the Keras suites' other sizes, autotune across ranks, the Keras benches).
 test-slow: $(STAMP)
 	$(PY) -m pytest -q -p no:cacheprovider $(XDIST) -m slow --durations=10 tests
 
