@@ -69,7 +69,7 @@ test-all: test test-slurm test-slow
 # The suite runs up to 3 ranks on 2 cores: let MPICH yield the core instead of busy-polling.
 test-mpich: export MPIR_CVAR_ENABLE_HEAVY_YIELD ?= 1
 test-mpich: $(MPICH_STAMP)
-	$(MPICH_VENV)/bin/python -m pytest -q -p no:cacheprovider tests/test_mpi_suites.py
+	$(MPICH_VENV)/bin/python -m pytest -q -p no:cacheprovider $(XDIST) tests/test_mpi_suites.py
 
 # Every example in examples/ (tests/test_docs.py checks that each one runs here or in a test); the elastic ones
 # with the launch lines of their docstrings.

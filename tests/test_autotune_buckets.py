@@ -56,7 +56,7 @@ def _steps(records: list[dict]) -> list[list]:
 
 
 @pytest.mark.timeout(400)
-@pytest.mark.parametrize("n", [1, 2, 3])
+@pytest.mark.parametrize("n", [1, 2, pytest.param(3, marks=pytest.mark.slow)])  # 3: in make test-slow-ci
 def test_buckets_reformed_at_the_same_step_everywhere(tmp_path: Path, n: int) -> None:
     log = tmp_path / "log.csv"
     records, _ = run_job(tmp_path, n, {**BUCKET_ENV, "HORO_AUTOTUNE": "1", "HORO_AUTOTUNE_LOG": str(log)},

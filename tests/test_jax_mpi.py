@@ -27,7 +27,7 @@ EXAMPLE_TIMEOUT = 240.0
 
 @pytest.mark.mpi
 @pytest.mark.timeout(OUTER_TIMEOUT + 60)
-@pytest.mark.parametrize("n", [1, 2, 3])
+@pytest.mark.parametrize("n", [1, 2, pytest.param(3, marks=pytest.mark.slow)])  # 3: in make test-slow-ci
 def test_jax_suite(n: int, tmp_path: Path) -> None:
     passed, report = run_mpi_pytest(n, tmp_path / f"np{n}", extra_args=["-W", "ignore::DeprecationWarning"],
                                     timeout=OUTER_TIMEOUT, test_path=SUITE)

@@ -41,7 +41,7 @@ def test_keras_fit_recipe_on_two_ranks(tmp_path: Path) -> None:
 @pytest.mark.mpi
 @pytest.mark.timeout(TIMEOUT + 30)
 @pytest.mark.skipif(importlib.util.find_spec("tf_keras") is None, reason="needs tf_keras ('horo-mpi[tf-keras]')")
-@pytest.mark.parametrize("np", [2, 3])
+@pytest.mark.parametrize("np", [2, pytest.param(3, marks=pytest.mark.slow)])  # 3: in make test-slow-ci
 def test_keras_fit_recipe_on_keras2(tmp_path: Path, np: int) -> None:
     """The same script with TF_USE_LEGACY_KERAS=1: tf.keras models (tf_keras), checkpoint reloaded by tf_keras."""
     out = _hororun("keras_fit.py", "--epochs", "2", "--warmup-epochs", "1", "--samples", "2048", cwd=tmp_path,

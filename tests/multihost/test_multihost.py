@@ -342,6 +342,7 @@ def test_elastic_restarts_without_a_lost_host_from_the_last_commit(bed, tmp_path
         assert r["resets"] == [[2, r["rank"], 2 if shrank else 1]]
 
 
+@pytest.mark.slow  # in make test-slow-ci, a stage of CI
 def test_elastic_torch_job_resumes_its_model_after_a_lost_host(bed, tmp_path):
     """Seed 004's structure (TorchState with a model and a DistributedOptimizer, a reset callback that scales
     the learning rate) across 3 hosts; node3 dies whole. The restarted job's first step starts from exactly
@@ -632,7 +633,8 @@ def test_delay_needs_netem_and_leaves_nothing_behind():
 
 
 @pytest.mark.timeout(1000)
-@pytest.mark.parametrize("hierarchical", [False, True], ids=["flat", "hierarchical"])
+@pytest.mark.parametrize("hierarchical", [pytest.param(False, marks=pytest.mark.slow), True],  # flat: test-slow-ci
+                         ids=["flat", "hierarchical"])
 def test_collective_suite_on_2x2(bed, tmp_path, hierarchical):
     """The in-rank collective checks (tests/mpi: allreduce, collectives, runtime) at 4 ranks on 2 hosts, flat
     and with both hierarchical ops. (The whole tests/mpi suite passes there too; it takes ~9 min here.)"""
