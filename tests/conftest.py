@@ -107,10 +107,10 @@ def multi(world):
     return world
 
 
-# pytest-xdist (`make test` runs two workers): the modules that start one costly shared thing share a worker,
-# one after the other: the test bed's namespaces (several beds at once would contend for the same cores and
-# links' timing), a local Ray cluster, a Spark JVM.
-_GROUPS = (("multihost", "bed"), ("slurm", "bed"), ("test_ray", "ray"), ("test_spark", "spark"))
+# pytest-xdist (`make test` runs two workers): the cases that share one costly thing run on one worker, one after
+# the other: a module's test bed (each module brings up a bed of its own name, isolated from the others), a local
+# Ray cluster, a Spark JVM.
+_GROUPS = (("multihost", "bed-{module}"), ("slurm", "bed-{module}"), ("test_ray", "ray"), ("test_spark", "spark"))
 # Cases that share a module-scoped fixture worth tens of seconds (a process importing every framework): one
 # worker makes it once. (module file, test-name prefix)
 _SHARED = (("test_hororun.py", "test_check_build"), ("test_horovod_names.py", "test_"))
@@ -123,7 +123,7 @@ def _group(nodeid: str) -> str | None:
     where = parts[parts.index("tests") + 1:] if "tests" in parts else parts
     for prefix, group in _GROUPS:
         if where and (where[0] == prefix or where[-1].startswith(prefix)):
-            return group
+            return group.format(module=where[-1])
     for module, test in _SHARED:
         if where and where[-1] == module and name.startswith(test):
             return f"{module}::{test}"
