@@ -67,7 +67,9 @@ def test_keras_steps_bench_splits_every_rank_s_step(tmp_path: Path, backend: str
         f = fig[name]
         assert len(f["before"]) == len(f["waiting"]) == len(f["after"]) == 2, f
         assert 0 < f["step"] and 0 <= f["transfer"] < f["step"], f
-        assert all(0 < b < f["step"] for b in f["before"]), f
+        # Each rank's compute before the exchange is inside that rank's own step (rank 1 may start a step before
+        # rank 0 does, so rank 0's step does not bound it).
+        assert all(0 < b < s for b, s in zip(f["before"], f["steps"], strict=True)), f
     assert "transfer" not in fig["plain"]
     assert "- additive limit ratio" in proc.stdout and "| horo " in proc.stdout, proc.stdout
 

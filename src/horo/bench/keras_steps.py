@@ -119,6 +119,7 @@ def _parts(ranks: list[dict[str, list[Any]]]) -> dict[str, list[float]]:
     leave = [m[1:, 1] for m in marks]
     last_in, first_out = np.max(enter, axis=0), np.min(leave, axis=0)
     for r in range(len(ranks)):
+        out[f"step {r}"] = list(np.diff(ends[r]))  # each rank's own: its parts add up to it, not to rank 0's
         out[f"before {r}"] = list(enter[r] - ends[r][:-1])
         out[f"waiting {r}"] = list(last_in - enter[r])
         out[f"after {r}"] = list(ends[r][1:] - leave[r])
@@ -187,7 +188,8 @@ def _report(parts: dict[str, dict[str, list[float]]], raw: float, n: int, args: 
     for name, p in parts.items():
         f = {"step": med(p["step"])}
         if "transfer" in p:
-            f.update({"before": [med(p[f"before {r}"]) for r in range(n)],
+            f.update({"steps": [med(p[f"step {r}"]) for r in range(n)],
+                      "before": [med(p[f"before {r}"]) for r in range(n)],
                       "waiting": [mean(p[f"waiting {r}"]) for r in range(n)],
                       "transfer": med(p["transfer"]), "after": [med(p[f"after {r}"]) for r in range(n)]})
         fig[name] = f
