@@ -117,7 +117,7 @@ _SHARED = (("test_hororun.py", "test_check_build"), ("test_horovod_names.py", "t
 
 
 def _group(nodeid: str) -> str | None:
-    """The shared thing a test case needs (a key of _GROUPS), from its node id ("tests/multihost/x.py::t")."""
+    """The unit of work a case belongs to (a group of _GROUPS or _SHARED; None: its own), from its node id."""
     path, _, name = nodeid.partition("::")
     parts = Path(path).parts
     where = parts[parts.index("tests") + 1:] if "tests" in parts else parts
@@ -132,7 +132,7 @@ def _group(nodeid: str) -> str | None:
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object | None:
-    """With ``--dist loadgroup``, each group of _GROUPS is one unit of work, run by one worker; every other
+    """With ``--dist loadgroup``, each group of ``_group`` is one unit of work, run by one worker; every other
     case is a unit of its own. The groups are found here, from paths, rather than by an ``xdist_group`` mark:
     xdist reads the mark through a node-id suffix that pytest 9.2 no longer keeps, and so loses the groups
     without a word."""
