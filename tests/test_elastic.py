@@ -110,7 +110,7 @@ def _worlds(out: str) -> list[int]:
 
 @needs_ulfm
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("start", [2, 3])
+@pytest.mark.parametrize("start", [2, pytest.param(3, marks=pytest.mark.slow)])  # 3: in make test-slow-ci
 def test_seed_elastic_example_grows_and_shrinks(tmp_path: Path, start: int) -> None:
     """examples/elastic_torch.py, seed 004's script, under hororun with host discovery: from 2 workers a third
     host is discovered (2 -> 3), then that worker is SIGKILLed (3 -> 2); from 3 the kill comes at once. Its
@@ -269,7 +269,7 @@ def test_grow_two_to_three_through_discovery(tmp_path: Path) -> None:
 
 @needs_ulfm
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("start", [2, 3])
+@pytest.mark.parametrize("start", [2, pytest.param(3, marks=pytest.mark.slow)])  # 3: in make test-slow-ci
 def test_torch_buckets_grow_and_shrink(tmp_path: Path, start: int) -> None:
     """Seed 004's structure with its DistributedOptimizer's gradients in several buckets (the first smaller):
     from 2 workers the discovery script adds a third (2 -> 3), then a worker is SIGKILLed (3 -> 2); from 3 the

@@ -196,7 +196,8 @@ def test_lightning_fit_grows_then_survives_a_kill(tmp_path: Path) -> None:
 @pytest.mark.mpi
 @needs_ulfm
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("package", ["lightning", "pytorch_lightning"])
+# pytorch_lightning: in make test-slow-ci
+@pytest.mark.parametrize("package", ["lightning", pytest.param("pytorch_lightning", marks=pytest.mark.slow)])
 def test_lightning_commit_resumes_in_a_fresh_process_as_after_a_lost_host(tmp_path: Path, package: str) -> None:
     """A fit fails in the middle of epoch 1; a new model and state take its ``committed()`` through pickle (what
     hororun keeps for a restart after a lost host) and resume: the weights equal those of a fit never interrupted."""

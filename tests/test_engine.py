@@ -105,7 +105,8 @@ KERAS_CASES = {  # the environment, the module it needs (and its extra), by the 
 
 
 @pytest.mark.timeout(150)
-@pytest.mark.parametrize("case", list(KERAS_CASES))
+@pytest.mark.parametrize("case", [c if c == "tensorflow" else pytest.param(c, marks=pytest.mark.slow)  # test-slow-ci
+                                  for c in KERAS_CASES])
 def test_timeline_records_every_step_of_a_keras_fit(case: str, tmp_path: Path) -> None:
     env, (needs, extra), by_flag = KERAS_CASES[case]
     for module in ("keras", "tensorflow" if case == "keras2" else needs, needs):

@@ -62,7 +62,7 @@ def _left(marker: str) -> str:
 
 
 @pytest.mark.timeout(200)
-@pytest.mark.parametrize("nproc", [2, 3])
+@pytest.mark.parametrize("nproc", [2, pytest.param(3, marks=pytest.mark.slow)])  # 3: in make test-slow-ci
 def test_torchrun_processes_join_one_world(tmp_path: Path, nproc: int) -> None:
     rc, out, records = torchrun(tmp_path, nproc, "torch_train.py")
     assert rc == 0, out[-6000:]
@@ -83,7 +83,7 @@ def test_a_keras_fit_started_by_torchrun_joins_one_world(tmp_path: Path) -> None
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("nproc", [2, 3])
+@pytest.mark.parametrize("nproc", [2, pytest.param(3, marks=pytest.mark.slow)])  # 3: in make test-slow-ci
 def test_a_lightning_trainer_started_by_torchrun_joins_one_world(tmp_path: Path, nproc: int) -> None:
     pytest.importorskip("lightning")
     rc, out, records = torchrun(tmp_path, nproc, "lightning_fit.py", timeout=250)

@@ -11,6 +11,7 @@ about.
 from __future__ import annotations
 
 import fnmatch
+import os
 import re
 import subprocess
 import sys
@@ -210,15 +211,16 @@ def test_static_ids_are_pytests_own(tmp_path: Path) -> None:
     """The static collection gives the ids and `slow` marks pytest's own collection gives."""
     path = tmp_path / "test_synthetic.py"
     path.write_text(SYNTHETIC)
+    env = {k: v for k, v in os.environ.items() if k != "PYTEST_ADDOPTS"}  # a caller's -v would change the listing
     (tmp_path / "pytest.ini").write_text("[pytest]\nmarkers =\n    slow: slow\n    timeout: timeout\n")
     listed = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
-                             str(path)], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+                             str(path)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
     theirs = sorted(ln.split("::", 1)[1] for ln in listed.stdout.splitlines() if "::" in ln)
     ours = collect(path)
     assert sorted(f"{name}[{c.id}]" if c.id else name for name, cases in ours.items() for c in cases or []) \
         == theirs, listed.stdout
     slow = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
-                           "-m", "slow", str(path)], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+                           "-m", "slow", str(path)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
     theirs_slow = sorted(ln.split("::", 1)[1] for ln in slow.stdout.splitlines() if "::" in ln)
     assert sorted(f"{name}[{c.id}]" if c.id else name for name, cases in ours.items() for c in cases or []
                   if c.slow) == theirs_slow, slow.stdout

@@ -308,7 +308,8 @@ def _lose_host(bed, tmp_path, steps: int, extra: list[str], host: str = "node3",
 
 # node1 holds rank 0, which sends the commits; "node3 late": its worker dies first and the others shrink
 # before the daemon goes (the order in which a dying host's processes stop is not fixed).
-@pytest.mark.parametrize("lost", ["node3", "node1", "node3 late"])
+# "node3": in make test-slow-ci.
+@pytest.mark.parametrize("lost", [pytest.param("node3", marks=pytest.mark.slow), "node1", "node3 late"])
 def test_elastic_restarts_without_a_lost_host_from_the_last_commit(bed, tmp_path, lost):
     """Open MPI 5 ends the MPI job when a whole host (its daemon) is lost. hororun starts a new job on the
     other two, which resumes from the last commit rank 0 handed it: every step is done once, none is lost
@@ -469,7 +470,8 @@ def _ranks_on(bed, host: str, script: str) -> list[int]:
 # never ended, at a 5 s or a 20 s limit): horo's own stall lines must end the job.
 @pytest.mark.parametrize("limit", [5.0, pytest.param(20.0, marks=[pytest.mark.slow, pytest.mark.long])],
                          ids=["5s", "20s"])
-@pytest.mark.parametrize("layout, cut", [("node1:1,node2:1,node3:1", "node3"), ("head:1,node1:1,node2:1", "node2")],
+@pytest.mark.parametrize("layout, cut", [("node1:1,node2:1,node3:1", "node3"),  # launchers-host: test-slow-ci
+                                         pytest.param("head:1,node1:1,node2:1", "node2", marks=pytest.mark.slow)],
                          ids=["login", "launchers-host"])
 def test_silent_link_cut_ends_the_job(bed, tmp_path, limit, layout, cut):
     """A host's eth0 set down mid-job (no RST, no FIN) in a job of 3 hosts: every rank's watchdog fires, the
@@ -731,7 +733,8 @@ def test_submit_then_synchronize_across_hosts_leaves_the_engine_thread_asleep(be
             f"rank {rank}: {wakes} wakes in {ops} ops, {seconds} s (rounds: caller {caller}, engine {engine})"
 
 
-@pytest.mark.parametrize("app", ["torch_train.py", "lightning_fit.py"])
+# torch_train.py: in make test-slow-ci
+@pytest.mark.parametrize("app", [pytest.param("torch_train.py", marks=pytest.mark.slow), "lightning_fit.py"])
 def test_torchrun_across_two_hosts_joins_one_world(bed, tmp_path, app):
     # torchrun --nnodes 2 on node1 and node2, its rendezvous on node1: the four processes it starts join one
     # horo world over MPI (core.transport.adopt), ranks as torchrun's, Open MPI's daemon on node2 started
@@ -784,7 +787,7 @@ def _mend(bed, host: str, kind: str) -> None:
         kill_host(bed, host)  # a stopped process still takes SIGKILL
 
 
-@pytest.mark.parametrize("kind", ["cut", "frozen"])
+@pytest.mark.parametrize("kind", ["cut", pytest.param("frozen", marks=pytest.mark.slow)])  # frozen: test-slow-ci
 def test_heartbeats_end_a_job_on_a_silent_host(bed, tmp_path, kind):
     """No horo setting, 2 hosts x 2 ranks: node2 falls silent (its link cut, or every process on it stopped).
     The heartbeats of node1's ranks end the job within 15 s, each naming node2, and hororun names it too."""
