@@ -198,3 +198,7 @@ result = {"trainer": run_trainer()}
 result["fabric"] = run_fabric()
 rank = result["fabric"]["rank"]
 (OUT / f"{TAG}.rank{rank}.json").write_text(json.dumps(result))
+if args.strategy == "ddp" and torch.distributed.is_initialized():
+    # torch's own clean exit: a gloo group left to interpreter teardown can abort there ("terminate called
+    # without an active exception") under load, failing the reference run after its results are written.
+    torch.distributed.destroy_process_group()
